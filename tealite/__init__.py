@@ -1,0 +1,15 @@
+"""tealite: TransformerEngine-style kernels (GEMM, norms, activations, quantization) for
+ROCm/AITER, Triton, torch._scaled_mm and PyTorch, behind one functional op API."""
+from tealite.errors import BackendUnavailable, TealiteArgumentError, UnsupportedCase
+from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
+from tealite.ops.gemm import GemmOutput, gemm
+from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from tealite.registry import Backend, backends, get_backend, register_backend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "gemm", "GemmOutput", "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
+    "act_fwd", "act_bwd", "dbias_dact", "DbiasDact", "Backend", "register_backend",
+    "backends", "get_backend", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
+]

@@ -1,0 +1,72 @@
+"""Argument checks shared by the op front-ends.
+
+Every message names the argument and the constraint it broke, so a caller never has to guess
+which of several tensors was wrong.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from tealite.errors import TealiteArgumentError
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise TealiteArgumentError(message)
+
+
+def check_tensor(name: str, t, *, ndim: int | None = None, min_ndim: int | None = None,
+                 dtypes: Sequence[torch.dtype] | None = FLOAT_DTYPES) -> None:
+    require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None:
+        require(t.dim() == ndim, f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if min_ndim is not None:
+        require(t.dim() >= min_ndim,
+                f"{name} must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
+    if dtypes is not None:
+        allowed = ", ".join(dtype_name(d) for d in dtypes)
+        require(t.dtype in dtypes, f"{name} dtype must be one of ({allowed}), got {dtype_name(t.dtype)}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Iterable[int], why: str) -> None:
+    expected = tuple(expected)
+    require(tuple(t.shape) == expected,
+            f"{name} must have shape {expected} ({why}), got {tuple(t.shape)}")
+
+
+def check_same_device(**tensors) -> torch.device:
+    present = {k: v for k, v in tensors.items() if v is not None}
+    devices = {k: v.device for k, v in present.items()}
+    first = next(iter(devices.values()))
+    mismatched = {k: str(d) for k, d in devices.items() if d != first}
+    require(not mismatched,
+            "all tensors must be on one device; got "
+            + ", ".join(f"{k} on {d}" for k, d in devices.items()))
+    return first
+
+
+def check_dtype_in(name: str, dtype, allowed: Sequence[torch.dtype]) -> None:
+    allowed_s = ", ".join(dtype_name(d) for d in allowed)
+    require(dtype in allowed, f"{name} must be one of ({allowed_s}), got {dtype}")
+
+
+def check_choice(name: str, value, choices: Sequence) -> None:
+    require(value in choices, f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_finite_number(name: str, value, *, positive: bool = False) -> float:
+    require(isinstance(value, (int, float)) and not isinstance(value, bool),
+            f"{name} must be a Python float, got {type(value).__name__}")
+    value = float(value)
+    require(value == value and abs(value) != float("inf"), f"{name} must be finite, got {value}")
+    if positive:
+        require(value > 0, f"{name} must be > 0, got {value}")
+    return value

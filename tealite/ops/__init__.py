@@ -1,0 +1,1 @@
+"""Op front-ends: argument validation, documented semantics, dispatch to a backend."""

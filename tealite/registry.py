@@ -1,0 +1,253 @@
+"""Backend registry.
+
+A backend is a name, an availability probe that says *why* it cannot run, and per-op
+implementations each with a declared :class:`Support` (dtypes, devices, layouts, extra shape
+constraints) and declared numerics (what the harness's tolerance model may assume about how
+the kernel rounds).
+
+Backends outside this package register themselves in one of three ways (see README):
+
+* call :func:`register_backend` from any imported module;
+* expose a module through the ``tealite.backends`` entry-point group of an installed
+  distribution (the module registers on import);
+* name modules in the ``TEALITE_BACKEND_MODULES`` environment variable
+  (comma-separated import paths), which :func:`load_plugins` imports.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, Mapping
+
+import torch
+
+from tealite.errors import BackendUnavailable, UnsupportedCase
+
+ENTRY_POINT_GROUP = "tealite.backends"
+PLUGIN_ENV_VAR = "TEALITE_BACKEND_MODULES"
+
+# Default dispatch order when an op is called with backend=None: the fast paths first,
+# the PyTorch fallback last.  Unknown names are ignored.
+DEFAULT_PRIORITY = ("aiter", "triton", "scaled_mm", "torch")
+
+
+@dataclass(frozen=True)
+class Support:
+    """What one backend implementation of one op accepts.
+
+    ``dtypes``/``layouts`` of None mean "any the op itself accepts".  ``check`` receives the
+    op's normalized parameters and returns a reason string when the case is unsupported.
+    """
+
+    dtypes: frozenset | None = None
+    devices: frozenset = frozenset({"cpu", "cuda"})
+    layouts: frozenset | None = None
+    check: Callable[[Mapping[str, Any]], str | None] | None = None
+
+    def why_not(self, params: Mapping[str, Any]) -> str | None:
+        device = params.get("device", "cpu")
+        if device not in self.devices:
+            return f"device {device} not in {sorted(self.devices)}"
+        dtype = params.get("dtype")
+        if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
+            names = sorted(str(d).removeprefix("torch.") for d in self.dtypes)
+            return f"dtype {str(dtype).removeprefix('torch.')} not in {names}"
+        layout = params.get("layout")
+        if self.layouts is not None and layout is not None and layout not in self.layouts:
+            return f"layout {layout} not in {sorted(self.layouts)}"
+        if self.check is not None:
+            return self.check(params)
+        return None
+
+
+@dataclass
+class Impl:
+    backend: str
+    op: str
+    fn: Callable
+    support: Support
+    # Declared numerics, read by tealite_verify's tolerance model (e.g. "compute_dtype",
+    # "accumulator_rounded_to").  Keys are documented in tealite_verify/tolerance.py.
+    numerics: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+@dataclass
+class Backend:
+    name: str
+    probe: Callable[[], str | None] = lambda: None
+    description: str = ""
+    impls: dict[str, Impl] = field(default_factory=dict)
+
+    def implements(self, op: str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
+                   check=None, numerics=None):
+        """Decorator registering ``fn`` as this backend's implementation of ``op``.
+
+        ``numerics`` is a mapping, or a callable taking the op params and returning one.
+        """
+        support = Support(
+            dtypes=frozenset(dtypes) if dtypes is not None else None,
+            devices=frozenset(devices),
+            layouts=frozenset(layouts) if layouts is not None else None,
+            check=check,
+        )
+        if numerics is None:
+            numerics_fn = lambda params: {}  # noqa: E731
+        elif callable(numerics):
+            numerics_fn = numerics
+        else:
+            fixed = dict(numerics)
+            numerics_fn = lambda params: fixed  # noqa: E731
+
+        def deco(fn):
+            self.impls[op] = Impl(backend=self.name, op=op, fn=fn, support=support,
+                                  numerics=numerics_fn)
+            return fn
+
+        return deco
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            return self.probe()
+        except Exception as exc:  # a probe that crashes is itself a reason
+            return f"availability probe raised {type(exc).__name__}: {exc}"
+
+    def why_unsupported(self, op: str, params: Mapping[str, Any]) -> str | None:
+        """None when this backend can run ``op`` on ``params``; otherwise the reason."""
+        reason = self.unavailable_reason()
+        if reason is not None:
+            return f"backend unavailable: {reason}"
+        impl = self.impls.get(op)
+        if impl is None:
+            return f"op {op} not implemented"
+        return impl.support.why_not(params)
+
+
+_BACKENDS: dict[str, Backend] = {}
+_plugins_loaded = False
+
+
+def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a tealite.registry.Backend, got {type(backend).__name__}")
+    if backend.name in _BACKENDS and not replace and _BACKENDS[backend.name] is not backend:
+        raise ValueError(f"a backend named {backend.name!r} is already registered "
+                         "(pass replace=True to override it)")
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    _BACKENDS.pop(name, None)
+
+
+def load_plugins(*, force: bool = False) -> list[str]:
+    """Import built-in backends, entry-point backends and $TEALITE_BACKEND_MODULES.
+
+    Returns a list of load errors (module name and exception); a broken third-party plugin
+    must not take down the whole harness, but its failure is reported, not swallowed.
+    """
+    global _plugins_loaded
+    errors: list[str] = []
+    if _plugins_loaded and not force:
+        return errors
+    _plugins_loaded = True
+    import tealite.backends  # noqa: F401  (registers the in-tree backends)
+
+    modules: list[str] = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        modules.append(ep.value)
+    modules += [m.strip() for m in os.environ.get(PLUGIN_ENV_VAR, "").split(",") if m.strip()]
+    for module in modules:
+        try:
+            importlib.import_module(module.split(":")[0])
+        except Exception as exc:
+            errors.append(f"{module}: {type(exc).__name__}: {exc}")
+    _load_errors.extend(errors)
+    return errors
+
+
+_load_errors: list[str] = []
+
+
+def plugin_load_errors() -> list[str]:
+    return list(_load_errors)
+
+
+def backends() -> dict[str, Backend]:
+    load_plugins()
+    return dict(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    load_plugins()
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"no backend named {name!r}; registered: {sorted(_BACKENDS)}") from None
+
+
+def device_kind(device: torch.device | str) -> str:
+    return torch.device(device).type
+
+
+@dataclass(frozen=True)
+class DispatchRecord:
+    backend: str
+    op: str
+    params: Mapping[str, Any]
+    numerics: Mapping[str, Any]
+
+
+_trace: contextvars.ContextVar[list | None] = contextvars.ContextVar("tealite_trace", default=None)
+
+
+@contextlib.contextmanager
+def trace():
+    """Record every dispatch made inside the block (used by the harness to learn which
+    implementation ran and what numerics it declared for the exact case)."""
+    records: list[DispatchRecord] = []
+    token = _trace.set(records)
+    try:
+        yield records
+    finally:
+        _trace.reset(token)
+
+
+def _chosen(impl: Impl, params: Mapping[str, Any]) -> Impl:
+    records = _trace.get()
+    if records is not None:
+        records.append(DispatchRecord(impl.backend, impl.op, dict(params),
+                                      dict(impl.numerics(params))))
+    return impl
+
+
+def dispatch(op: str, params: Mapping[str, Any], backend: str | None) -> Impl:
+    """Pick the implementation for ``op``.
+
+    With an explicit ``backend`` the call fails loudly (with the reason) when that backend
+    cannot run the case; with ``backend=None`` the first capable backend in
+    :data:`DEFAULT_PRIORITY` (then any other registered backend) is used.
+    """
+    load_plugins()
+    if backend is not None:
+        b = get_backend(backend)
+        reason = b.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailable(f"backend {backend!r} is unavailable: {reason}")
+        reason = b.why_unsupported(op, params)
+        if reason is not None:
+            raise UnsupportedCase(f"backend {backend!r} does not support {op} here: {reason}")
+        return _chosen(b.impls[op], params)
+    order = [n for n in DEFAULT_PRIORITY if n in _BACKENDS]
+    order += [n for n in _BACKENDS if n not in order]
+    reasons = []
+    for name in order:
+        reason = _BACKENDS[name].why_unsupported(op, params)
+        if reason is None:
+            return _chosen(_BACKENDS[name].impls[op], params)
+        reasons.append(f"{name}: {reason}")
+    raise UnsupportedCase(f"no backend supports {op} for this case: " + "; ".join(reasons))

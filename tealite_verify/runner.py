@@ -1,0 +1,184 @@
+"""Differential runner: one case, every backend, against the reference and each other.
+
+``run_case`` builds the inputs once, runs each requested backend on its own copy through the
+tealite front-end (so validation is identical), evaluates the float64 reference once, and
+compares: each backend with the reference under its own declared numerics, and every pair of
+backends with the sum of their two bounds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from tealite import registry
+from tealite.errors import BackendUnavailable, UnsupportedCase
+from tealite_verify import tolerance
+from tealite_verify.specs import Expected, OpSpec
+
+
+@dataclass
+class Outcome:
+    backend: str
+    status: str  # "ok" | "unsupported" | "unavailable" | "error"
+    reason: str | None = None
+    numerics: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Comparison:
+    lhs: str
+    rhs: str  # "reference" or a backend name
+    output: str
+    metrics: tolerance.Metrics
+
+
+@dataclass
+class CaseReport:
+    op: str
+    case: dict
+    device: str
+    outcomes: dict[str, Outcome]
+    comparisons: list[Comparison]
+
+    @property
+    def failures(self) -> list[Comparison]:
+        return [c for c in self.comparisons if not c.metrics.passed]
+
+    @property
+    def errors(self) -> list[Outcome]:
+        return [o for o in self.outcomes.values() if o.status == "error"]
+
+    @property
+    def verdict(self) -> str:
+        if self.failures or self.errors:
+            return "fail"
+        if not any(o.status == "ok" for o in self.outcomes.values()):
+            return "skip"
+        return "pass"
+
+    def max_ratio(self) -> float:
+        ratios = [c.metrics.max_ratio for c in self.comparisons if c.rhs == "reference"]
+        return max(ratios, default=0.0)
+
+    def repro(self, backend: str | None = None) -> str:
+        return repro_command(self.op, self.case, self.device, backend)
+
+    def describe(self) -> str:
+        lines = [f"{self.op} on {self.device}: {self.verdict}",
+                 f"  case: {json.dumps(self.case, sort_keys=True)}"]
+        for o in self.outcomes.values():
+            extra = f" ({o.reason})" if o.reason else ""
+            lines.append(f"  backend {o.backend}: {o.status}{extra}")
+        for c in self.comparisons:
+            mark = "ok  " if c.metrics.passed else "FAIL"
+            lines.append(f"  {mark} {c.lhs} vs {c.rhs} [{c.output}]: {c.metrics.summary()}")
+        bad = sorted({c.lhs for c in self.failures} | {o.backend for o in self.errors})
+        lines.append(f"  repro: {self.repro(bad[0] if len(bad) == 1 else None)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op, "case": self.case, "device": self.device, "verdict": self.verdict,
+            "outcomes": {k: {"status": o.status, "reason": o.reason,
+                             "numerics": {nk: str(nv) for nk, nv in o.numerics.items()}}
+                         for k, o in self.outcomes.items()},
+            "comparisons": [{"lhs": c.lhs, "rhs": c.rhs, "output": c.output,
+                             "metrics": c.metrics.to_dict()} for c in self.comparisons],
+            "repro": self.repro(),
+        }
+
+
+def repro_command(op: str, case: dict, device: str, backend: str | None = None) -> str:
+    env = os.environ.get(registry.PLUGIN_ENV_VAR)
+    prefix = f"{registry.PLUGIN_ENV_VAR}={shlex.quote(env)} " if env else ""
+    cmd = (f"{prefix}python -m tealite_verify repro --op {op} --device {device} "
+           f"--case {shlex.quote(json.dumps(case, sort_keys=True))}")
+    if backend:
+        cmd += f" --backend {backend}"
+    return cmd
+
+
+def _clone(inputs: dict) -> dict:
+    return {k: v.clone() for k, v in inputs.items()}
+
+
+def _run_backend(spec: OpSpec, name: str, inputs: dict, case: dict) -> Outcome:
+    try:
+        with registry.trace() as records:
+            outputs = spec.call(_clone(inputs), case, name)
+    except BackendUnavailable as exc:
+        return Outcome(name, "unavailable", str(exc))
+    except UnsupportedCase as exc:
+        return Outcome(name, "unsupported", str(exc))
+    except Exception as exc:  # a crashing kernel is a finding, not a harness crash
+        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return Outcome(name, "error", tb)
+    ran = [r for r in records if r.op == spec.name]
+    numerics = dict(ran[-1].numerics) if ran else {}
+    if ran and ran[-1].backend != name:
+        return Outcome(name, "error", f"dispatch ran backend {ran[-1].backend}, not {name}")
+    return Outcome(name, "ok", numerics=numerics, outputs=outputs)
+
+
+def _compare_to_reference(out, exp: Expected, numerics) -> tolerance.Metrics:
+    if exp.bound is None:
+        return tolerance.compare_exact(out, exp.value)
+    if out.dtype != exp.out_dtype:
+        return tolerance.Metrics(exp.tier, 0, 0, np.inf, np.inf,
+                                 shape_error=f"dtype {out.dtype} != expected {exp.out_dtype}")
+    return tolerance.compare_bounded(out, exp.value, exp.bound(numerics), exp.out_dtype,
+                                     tier=exp.tier)
+
+
+def _compare_pair(x, y, exp: Expected, num_x, num_y) -> tolerance.Metrics:
+    if exp.bound is None:
+        return tolerance.compare_exact(x, y)
+    bound = exp.bound(num_x) + exp.bound(num_y)
+    m = tolerance.compare_bounded(x, y.detach().cpu().double().numpy(), bound, exp.out_dtype,
+                                  tier=f"{exp.tier}-pair")
+    if m.passed or m.shape_error:
+        return m
+    # Both may legitimately disagree on overflow where the reference straddles it.
+    ref_x = tolerance.compare_bounded(x, exp.value, exp.bound(num_x), exp.out_dtype)
+    ref_y = tolerance.compare_bounded(y, exp.value, exp.bound(num_y), exp.out_dtype)
+    if ref_x.passed and ref_y.passed and m.nonfinite_mismatches == m.mismatches:
+        return tolerance.Metrics(m.tier, m.numel, 0, m.max_abs_err, 1.0)
+    return m
+
+
+def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
+             device: str = "cpu", pairwise: bool = True) -> CaseReport:
+    names = list(backends) if backends is not None else sorted(registry.backends())
+    inputs = spec.make_inputs(case, device)
+    outcomes = {n: _run_backend(spec, n, inputs, case) for n in names}
+    comparisons: list[Comparison] = []
+    ran = [o for o in outcomes.values() if o.status == "ok"]
+    if ran:
+        ref_inputs = {k: v.detach().to("cpu", torch.float64).numpy() for k, v in inputs.items()}
+        expected = spec.reference(ref_inputs, case)
+        for o in ran:
+            for out_name, exp in expected.items():
+                got = o.outputs.get(out_name)
+                if got is None:
+                    m = tolerance.Metrics(exp.tier, 0, 0, np.inf, np.inf,
+                                          shape_error=f"output {out_name!r} missing")
+                else:
+                    m = _compare_to_reference(got, exp, o.numerics)
+                comparisons.append(Comparison(o.backend, "reference", out_name, m))
+        if pairwise:
+            for i, x in enumerate(ran):
+                for y in ran[i + 1:]:
+                    for out_name, exp in expected.items():
+                        if out_name in x.outputs and out_name in y.outputs:
+                            m = _compare_pair(x.outputs[out_name], y.outputs[out_name], exp,
+                                              x.numerics, y.numerics)
+                            comparisons.append(Comparison(x.backend, y.backend, out_name, m))
+    return CaseReport(spec.name, case, device, outcomes, comparisons)

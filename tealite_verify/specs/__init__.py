@@ -1,0 +1,70 @@
+"""Declarative op specs: for each op, how to draw cases, build inputs, call any backend, and
+what the reference says (value + tolerance tier per output).
+
+Adding an op = a reference function, a spec module here (discovered automatically), and
+backend implementations.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+_SPECS: dict[str, "OpSpec"] = {}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The reference's verdict on one output.
+
+    ``value``: float64 reference (numpy), or for the exact tier the expected tensor.
+    ``bound(numerics) -> per-element tolerance``: None means the exact tier.
+    """
+
+    value: Any
+    out_dtype: torch.dtype
+    tier: str
+    bound: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    family: str
+    # cases(dtype: str | None, size: str) -> SearchStrategy[dict]; size in SIZES.
+    cases: Callable[..., Any]
+    # make_inputs(case, device) -> named input tensors.
+    make_inputs: Callable[[dict, str], dict[str, torch.Tensor]]
+    # call(inputs, case, backend) -> named output tensors, through the tealite front-end.
+    call: Callable[[dict, dict, str], dict[str, torch.Tensor]]
+    # reference(inputs as float64 numpy, case) -> {output name: Expected}.
+    reference: Callable[[dict, dict], dict[str, Expected]]
+    smoke_cases: tuple[dict, ...] = field(default=())
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+SIZES = ("ci", "local", "large")
+
+
+def register(spec: OpSpec) -> OpSpec:
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def all_specs() -> dict[str, OpSpec]:
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+    return dict(sorted(_SPECS.items()))
+
+
+def get_spec(name: str) -> OpSpec:
+    specs = all_specs()
+    try:
+        return specs[name]
+    except KeyError:
+        raise KeyError(f"no op spec named {name!r}; known: {sorted(specs)}") from None

@@ -1,0 +1,237 @@
+"""Specs for LayerNorm / RMSNorm forward and backward.
+
+Tolerances follow a first-order running-error analysis of the textbook fp32 algorithm
+(mean, centered variance, rsqrt, scale): every bound is ``coefficient * magnitude`` where the
+magnitude is the formula evaluated on absolute values, then the output rounding.  A safety
+factor of 2 covers the dropped second-order terms.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import tealite
+from tealite_verify import tolerance as tol
+from tealite_verify.references import norms as ref
+from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.dtypes import float_dtypes
+from tealite_verify.strategies.shapes import row_shapes
+from tealite_verify.strategies.values import distributions, seeds
+from tealite_verify.tensors import dtype_of, generate
+
+_LIMITS = {"ci": (24, 320), "local": (128, 2048), "large": (4096, 8192)}
+SAFETY = 2.0
+F32 = torch.float32
+
+
+@st.composite
+def cases(draw, dtype: str | None = None, size: str = "ci", *, rms: bool, bwd: bool):
+    max_rows, max_hidden = _LIMITS[size]
+    dtype = dtype or draw(float_dtypes())
+    case = {
+        "shape": list(draw(row_shapes(max_rows=max_rows, max_hidden=max_hidden))),
+        "dtype": dtype,
+        "weight_dtype": draw(st.sampled_from([dtype, "float32"])),
+        "zero_centered_gamma": draw(st.booleans()),
+        "eps": draw(st.sampled_from([1e-5, 1e-6, 1e-3])),
+        "dist": draw(distributions(dtype)),
+        "seed": draw(seeds()),
+    }
+    if not rms:
+        # A large common offset makes fp32 centering lose bits: the hard case for LayerNorm.
+        case["offset"] = draw(st.sampled_from([0.0, 0.0, 3.0, 100.0]))
+    if bwd:
+        case["dist_dy"] = draw(distributions(dtype, wide=False))
+    return case
+
+
+def _base_inputs(case, device, *, rms):
+    dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
+    shape, s, hidden = case["shape"], case["seed"], case["shape"][-1]
+    x = generate(case["dist"], shape, torch.float64, s) + case.get("offset", 0.0)
+    inputs = {"x": x.to(dt).to(device)}
+    wscale = 0.1 if case["zero_centered_gamma"] else 1.0
+    inputs["gamma"] = generate({"kind": "normal", "scale": wscale}, (hidden,), wdt, s + 1, device)
+    if not rms:
+        inputs["beta"] = generate({"kind": "normal", "scale": 1.0}, (hidden,), wdt, s + 2, device)
+    return inputs
+
+
+def _with_stats(inputs, case, device, *, rms):
+    """Backward inputs: dy plus the fp32 statistics of x (reference forward, rounded)."""
+    x = inputs["x"].double().cpu().numpy()
+    g = inputs["gamma"].double().cpu().numpy()
+    zc = case["zero_centered_gamma"]
+    if rms:
+        _, rs = ref.rmsnorm_fwd(x, g, eps=case["eps"], zero_centered_gamma=zc)
+    else:
+        _, mean, rs = ref.layernorm_fwd(x, g, 0 * g, eps=case["eps"], zero_centered_gamma=zc)
+        inputs["mean"] = torch.from_numpy(mean).to(F32).to(device)
+    inputs["rsigma"] = torch.from_numpy(rs).to(F32).to(device)
+    inputs["dy"] = generate(case["dist_dy"], case["shape"], dtype_of(case["dtype"]),
+                            case["seed"] + 3, device)
+    inputs.pop("beta", None)
+    return inputs
+
+
+def _reduction_gamma(n, numerics):
+    return tol.gamma(n, tol.unit_roundoff(tol.compute_dtype(numerics))) if n > 0 else 0.0
+
+
+def _u(numerics):
+    return tol.unit_roundoff(tol.compute_dtype(numerics))
+
+
+def _rows(a):
+    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+
+
+# ---- LayerNorm -------------------------------------------------------------------------
+
+def ln_fwd_reference(x, case):
+    g_eff = ref.effective_weight(x["gamma"], case["zero_centered_gamma"])
+    y, mean, rs = ref.layernorm_fwd(x["x"], x["gamma"], x["beta"], eps=case["eps"],
+                                    zero_centered_gamma=case["zero_centered_gamma"])
+    hidden = x["x"].shape[-1]
+    mean_abs = np.abs(x["x"]).mean(axis=-1)
+    var = ((x["x"] - mean[..., None]) ** 2).mean(axis=-1)
+    xhat = (x["x"] - mean[..., None]) * rs[..., None]
+    out_dt, w_dt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
+
+    def parts(num):
+        u, gh = _u(num), _reduction_gamma(hidden, num)
+        e_mean = SAFETY * ((gh + u) * mean_abs)
+        rel_rs = SAFETY * (0.5 * (e_mean**2 / (var + case["eps"]) + gh + 3 * u) + 2 * u)
+        e_xhat = e_mean[..., None] * rs[..., None] + np.abs(xhat) * (rel_rs[..., None] + 2 * u)
+        e_y = np.abs(g_eff) * e_xhat + SAFETY * 2 * u * (np.abs(xhat * g_eff) + np.abs(x["beta"]))
+        return e_mean, rel_rs, e_y
+
+    del w_dt
+    return {
+        "y": Expected(y, out_dt, "ulp", lambda n: tol.with_output_rounding(y, parts(n)[2], out_dt)),
+        "mean": Expected(mean, F32, "ulp",
+                         lambda n: tol.with_output_rounding(mean, parts(n)[0], F32)),
+        "rsigma": Expected(rs, F32, "ulp",
+                           lambda n: tol.with_output_rounding(rs, parts(n)[1] * rs, F32)),
+    }
+
+
+def _ln_bwd_parts(x, case, *, rms):
+    """Reference grads and their condition magnitudes, shared by LayerNorm/RMSNorm backward."""
+    zc = case["zero_centered_gamma"]
+    g_eff = ref.effective_weight(x["gamma"], zc)
+    rs = x["rsigma"][..., None]
+    xhat = (x["x"] - (0.0 if rms else x["mean"][..., None])) * rs
+    gdy = np.abs(x["dy"] * g_eff)
+    mag_dx = rs * (gdy + np.abs(xhat) * (gdy * np.abs(xhat)).mean(axis=-1, keepdims=True))
+    if not rms:
+        mag_dx = mag_dx + rs * gdy.mean(axis=-1, keepdims=True)
+    return mag_dx, _rows(np.abs(x["dy"] * xhat)), _rows(np.abs(x["dy"]))
+
+
+def _bwd_expected(grads, mags, names, out_dtypes, reductions):
+    expected = {}
+    for name, value, mag, dt, red in zip(names, grads, mags, out_dtypes, reductions):
+        expected[name] = Expected(value, dt, "ulp", (
+            lambda n, v=value, m=mag, d=dt, r=red: tol.elementwise_tolerance(
+                v, SAFETY * m, d, n, ops=8, reduction=r)))
+    return expected
+
+
+def ln_bwd_reference(x, case):
+    dx, dgamma, dbeta = ref.layernorm_bwd(x["dy"], x["x"], x["mean"], x["rsigma"], x["gamma"],
+                                          zero_centered_gamma=case["zero_centered_gamma"])
+    mags = _ln_bwd_parts(x, case, rms=False)
+    hidden, rows = x["x"].shape[-1], x["x"].size // x["x"].shape[-1]
+    dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
+    return _bwd_expected((dx, dgamma, dbeta), mags, ("dx", "dgamma", "dbeta"), (dt, wdt, wdt),
+                         (hidden, rows, rows))
+
+
+def ln_fwd_call(inputs, case, backend):
+    r = tealite.layernorm_fwd(inputs["x"], inputs["gamma"], inputs["beta"], eps=case["eps"],
+                              zero_centered_gamma=case["zero_centered_gamma"], backend=backend)
+    return r._asdict()
+
+
+def ln_bwd_call(inputs, case, backend):
+    r = tealite.layernorm_bwd(inputs["dy"], inputs["x"], inputs["mean"], inputs["rsigma"],
+                              inputs["gamma"], zero_centered_gamma=case["zero_centered_gamma"],
+                              backend=backend)
+    return r._asdict()
+
+
+# ---- RMSNorm ---------------------------------------------------------------------------
+
+def rms_fwd_reference(x, case):
+    y, rs = ref.rmsnorm_fwd(x["x"], x["gamma"], eps=case["eps"],
+                            zero_centered_gamma=case["zero_centered_gamma"])
+    hidden = x["x"].shape[-1]
+    ms = (x["x"] ** 2).mean(axis=-1)
+    out_dt = dtype_of(case["dtype"])
+
+    def rel_rs(num):
+        u, gh = _u(num), _reduction_gamma(hidden, num)
+        return SAFETY * (0.5 * (gh + u) * ms / (ms + case["eps"]) + 2 * u)
+
+    def y_bound(num):
+        e_y = np.abs(y) * (rel_rs(num)[..., None] + SAFETY * 3 * _u(num))
+        return tol.with_output_rounding(y, e_y, out_dt)
+
+    return {
+        "y": Expected(y, out_dt, "ulp", y_bound),
+        "rsigma": Expected(rs, F32, "ulp",
+                           lambda n: tol.with_output_rounding(rs, rel_rs(n) * rs, F32)),
+    }
+
+
+def rms_bwd_reference(x, case):
+    dx, dgamma = ref.rmsnorm_bwd(x["dy"], x["x"], x["rsigma"], x["gamma"],
+                                 zero_centered_gamma=case["zero_centered_gamma"])
+    mag_dx, mag_dg, _ = _ln_bwd_parts(x, case, rms=True)
+    hidden, rows = x["x"].shape[-1], x["x"].size // x["x"].shape[-1]
+    dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
+    return _bwd_expected((dx, dgamma), (mag_dx, mag_dg), ("dx", "dgamma"), (dt, wdt),
+                         (hidden, rows))
+
+
+def rms_fwd_call(inputs, case, backend):
+    r = tealite.rmsnorm_fwd(inputs["x"], inputs["gamma"], eps=case["eps"],
+                            zero_centered_gamma=case["zero_centered_gamma"], backend=backend)
+    return r._asdict()
+
+
+def rms_bwd_call(inputs, case, backend):
+    r = tealite.rmsnorm_bwd(inputs["dy"], inputs["x"], inputs["rsigma"], inputs["gamma"],
+                            zero_centered_gamma=case["zero_centered_gamma"], backend=backend)
+    return r._asdict()
+
+
+def _smoke(shape, dtype, **kw):
+    case = {"shape": shape, "dtype": dtype, "weight_dtype": dtype, "zero_centered_gamma": False,
+            "eps": 1e-5, "dist": {"kind": "normal", "scale": 1.0}, "seed": 7,
+            "dist_dy": {"kind": "normal", "scale": 1.0}}
+    case.update(kw)
+    return case
+
+
+_SMOKE = (_smoke([5, 4, 160], "bfloat16"), _smoke([217, 256], "float16",
+                                                  zero_centered_gamma=True),
+          _smoke([0, 128], "float32"), _smoke([3, 1481], "float32", weight_dtype="float32"))
+
+for _name, _rms, _bwd, _ref, _call in (
+        ("layernorm_fwd", False, False, ln_fwd_reference, ln_fwd_call),
+        ("layernorm_bwd", False, True, ln_bwd_reference, ln_bwd_call),
+        ("rmsnorm_fwd", True, False, rms_fwd_reference, rms_fwd_call),
+        ("rmsnorm_bwd", True, True, rms_bwd_reference, rms_bwd_call)):
+    def _make(case, device, _rms=_rms, _bwd=_bwd):
+        inputs = _base_inputs(case, device, rms=_rms)
+        return _with_stats(inputs, case, device, rms=_rms) if _bwd else inputs
+
+    def _cases(dtype=None, size="ci", _rms=_rms, _bwd=_bwd):
+        return cases(dtype, size, rms=_rms, bwd=_bwd)
+
+    register(OpSpec(name=_name, family="norms", cases=_cases, make_inputs=_make, call=_call,
+                    reference=_ref,
+                    smoke_cases=tuple(dict(c, offset=0.0) if not _rms else c for c in _SMOKE)))

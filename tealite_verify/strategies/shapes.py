@@ -1,0 +1,58 @@
+"""Shape strategies biased toward the sizes that break kernels: primes, one off a multiple of
+8/16/32/128, dims of 1, empty token dims, and long reductions."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+# Primes, including the ones TE and AITER tests use (229, 541, 677, 1481, 3571).
+PRIMES = (2, 3, 5, 7, 11, 13, 17, 29, 31, 37, 61, 67, 71, 97, 127, 131, 229, 251, 257, 509,
+          541, 677, 1021, 1481, 2053, 3571, 4099)
+
+
+def _misaligned(limit: int) -> list[int]:
+    out = set()
+    for align in (8, 16, 32, 64, 128, 256):
+        for mult in (1, 2, 3):
+            for off in (-1, 1):
+                v = align * mult + off
+                if 1 <= v <= limit:
+                    out.add(v)
+    return sorted(out)
+
+
+def dim(max_value: int, *, allow_zero: bool = False) -> st.SearchStrategy[int]:
+    """One dimension in [0 or 1, max_value], edge-biased."""
+    lo = 0 if allow_zero else 1
+    specials = [1] + [p for p in PRIMES if p <= max_value] + _misaligned(max_value)
+    specials += [v for v in (8, 16, 32, 64, 128, 256) if v <= max_value]
+    options = [st.sampled_from(sorted(set(specials))), st.integers(lo, max_value)]
+    if allow_zero:
+        options.insert(0, st.just(0))
+    return st.one_of(*options)
+
+
+@st.composite
+def gemm_shapes(draw, max_mn: int = 96, max_k: int = 512, allow_empty_m: bool = True):
+    """(M, N, K): M may be 0 (an empty token batch); K may be long (up to ``max_k``)."""
+    m = draw(dim(max_mn, allow_zero=allow_empty_m))
+    n = draw(dim(max_mn))
+    k = draw(st.one_of(dim(min(max_k, 64)), dim(max_k)))
+    return m, n, k
+
+
+@st.composite
+def row_shapes(draw, max_rows: int = 64, max_hidden: int = 512, allow_empty: bool = True):
+    """(*leading, H) for row-wise ops: 1 to 3 leading dims, possibly an empty one."""
+    hidden = draw(dim(max_hidden))
+    n_lead = draw(st.integers(1, 3))
+    lead = [draw(dim(max_rows, allow_zero=allow_empty and i == 0)) for i in range(n_lead)]
+    while _prod(lead) > max_rows:
+        lead[lead.index(max(lead))] //= 2
+    return (*lead, hidden)
+
+
+def _prod(xs) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p

@@ -1,0 +1,66 @@
+"""Turn a drawn *description* of a tensor (distribution + seed) into the tensor.
+
+Hypothesis draws small descriptions; the (possibly large) tensor is generated here from a
+seeded torch.Generator on the CPU in float64, rounded once to the target dtype, then moved to
+the device, so the same case produces bit-identical inputs on every device.
+
+Distributions (``dist["kind"]``):
+
+``normal``      N(0, scale^2)
+``uniform``     U(lo, hi)
+``wide``        sign * 2^U(log2_lo, log2_hi): a wide dynamic range
+``outliers``    N(0, scale^2) with a fraction ``frac`` multiplied by ``factor``
+``tiny``        magnitudes around the dtype's smallest normal, subnormals included
+``zero_rows``   N(0, scale^2) with a fraction ``frac`` of rows (leading index) set to 0
+``integers``    integers in [-hi, hi]: exact products and sums, so low-precision outputs
+                land exactly on rounding ties
+"""
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_of(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype name {name!r}; known: {sorted(DTYPES)}") from None
+
+
+def generate(dist: dict, shape, dtype: torch.dtype, seed: int, device="cpu") -> torch.Tensor:
+    shape = tuple(int(s) for s in shape)
+    g = torch.Generator().manual_seed(int(seed) & (2**63 - 1))
+    kind = dist["kind"]
+    if kind in ("normal", "outliers", "zero_rows"):
+        x = torch.randn(shape, generator=g, dtype=torch.float64) * dist.get("scale", 1.0)
+        if kind == "outliers":
+            hit = torch.rand(shape, generator=g, dtype=torch.float64) < dist["frac"]
+            x = torch.where(hit, x * dist["factor"], x)
+        if kind == "zero_rows" and len(shape) >= 1 and shape[0] > 0:
+            rows = torch.rand(shape[0], generator=g, dtype=torch.float64) < dist["frac"]
+            x[rows] = 0.0
+    elif kind == "uniform":
+        x = dist["lo"] + (dist["hi"] - dist["lo"]) * torch.rand(shape, generator=g,
+                                                                dtype=torch.float64)
+    elif kind == "wide":
+        e = dist["log2_lo"] + (dist["log2_hi"] - dist["log2_lo"]) * torch.rand(
+            shape, generator=g, dtype=torch.float64)
+        x = _signs(shape, g) * torch.exp2(e)
+    elif kind == "tiny":
+        tiny = torch.finfo(dtype).tiny
+        mant = torch.finfo(dtype).nmant
+        e = torch.log2(torch.tensor(tiny, dtype=torch.float64)) + torch.empty(
+            shape, dtype=torch.float64).uniform_(-mant, 2, generator=g)
+        x = _signs(shape, g) * torch.exp2(e)
+    elif kind == "integers":
+        hi = int(dist["hi"])
+        x = torch.randint(-hi, hi + 1, shape, generator=g).to(torch.float64)
+    else:
+        raise ValueError(f"unknown distribution kind {kind!r}")
+    return x.to(dtype).to(device)
+
+
+def _signs(shape, g) -> torch.Tensor:
+    return torch.randint(0, 2, shape, generator=g).to(torch.float64) * 2 - 1

@@ -1,0 +1,284 @@
+"""Tolerance tiers: how far a backend's output may be from the float64 reference.
+
+No tier is a blanket ``atol``/``rtol``.  Each tier derives a per-element bound from what the
+computation does, and every comparison returns a :class:`Metrics` record (max abs error,
+max error/tolerance ratio, mismatch count, the worst element and the values there).
+
+Tiers
+-----
+``exact``
+    Bitwise equality of the stored bit patterns (NaN-aware: any NaN matches any NaN unless
+    ``nan_payload=True``).  For quantization codes and scales.
+
+``ulp`` (elementwise ops, norms)
+    ``tol = roundings * 0.5 * ulp_out(|ref| + e_c) + e_c`` with the compute error
+    ``e_c = (ops * u_c + gamma_n(u_c)) * magnitude``.  ``ulp_out`` is the spacing of the
+    output dtype (subnormal spacing below the normal range), ``u_c`` the unit roundoff of the
+    backend's declared compute dtype, ``gamma_n = n u / (1 - n u)`` Higham's bound for a
+    reduction of length ``n``, and ``magnitude`` the op's condition magnitude: the same
+    formula evaluated on absolute values (so cancellation is accounted for and tiny outputs
+    of large intermediates are not judged by their own ulp).  With a low-precision output the
+    output rounding dominates and a one-ULP error in the result is caught; in fp32 the
+    bound is the compute error.
+
+``gemm`` (K-aware, Higham)
+    ``|fl(A.B) - A.B| <= gamma_K(u_acc) |A||B|`` (tensor cores: exact products and fp32
+    accumulation, so u_acc = 2^-24), plus the backend's declared extra roundings (inputs
+    rounded to TF32, split-K partial sums in the input dtype, the accumulator rounded to the
+    input dtype before an unfused epilogue), the fp32 epilogue, GELU's Lipschitz constant
+    (max |gelu'| = 1.1289) and the final rounding to the output dtype.  It is the
+    deterministic bound, never exceeded by a correct kernel whatever its summation order.
+
+Pairwise backend-vs-backend comparison uses the sum of the two backends' bounds.
+
+Declared numerics (``Backend.implements(numerics=...)``) read here:
+``compute_dtype`` (default float32), ``accumulator_rounded_to`` (dtype), ``matmul_input_rounding``
+("tf32"), ``partial_sums_rounded_to`` (dtype).
+
+Overflow: where the reference lies beyond the output dtype's overflow threshold by more than the
+tolerance, the output must be the signed infinity; where the tolerance band straddles the
+threshold, either a finite value within tolerance or the infinity is accepted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+# (explicit mantissa bits, minimum normal exponent) per floating dtype.
+_FORMATS = {
+    torch.float64: (52, -1022),
+    torch.float32: (23, -126),
+    torch.bfloat16: (7, -126),
+    torch.float16: (10, -14),
+    "tf32": (10, -126),
+}
+GELU_LIPSCHITZ = 1.1289  # max over x of |d/dx x*Phi(x)|, at x ~ 1.41 (rounded up)
+
+
+def _fmt(dtype):
+    try:
+        return _FORMATS[dtype]
+    except KeyError:
+        raise ValueError(f"no float format known for {dtype!r}") from None
+
+
+def unit_roundoff(dtype) -> float:
+    """u = 2^-(p) for a format with p-1 explicit mantissa bits (round to nearest)."""
+    mant, _ = _fmt(dtype)
+    return 2.0 ** -(mant + 1)
+
+
+def gamma(n, u: float):
+    """Higham's gamma_n = n u / (1 - n u): the relative error bound of an n-term reduction."""
+    nu = np.asarray(n, dtype=np.float64) * u
+    if np.any(nu >= 1):
+        raise ValueError(f"gamma_n undefined for n*u >= 1 (n={n}, u={u})")
+    return nu / (1 - nu)
+
+
+def ulp(dtype, value) -> np.ndarray:
+    """Spacing of ``dtype``'s representable numbers at magnitude |value| (elementwise)."""
+    mant, emin = _fmt(dtype)
+    v = np.abs(np.asarray(value, dtype=np.float64))
+    _, exp = np.frexp(v)  # v = m * 2**exp with m in [0.5, 1): floor(log2 v) = exp - 1
+    e = np.where(v > 0, exp - 1, emin)
+    e = np.maximum(e, emin)
+    return np.ldexp(1.0, (e - mant).astype(np.int64))
+
+
+def overflow_threshold(dtype) -> float:
+    """Smallest magnitude that round-to-nearest sends to infinity in ``dtype``."""
+    fmax = torch.finfo(dtype).max
+    return float(fmax) + 0.5 * float(ulp(dtype, fmax))
+
+
+@dataclass(frozen=True)
+class Metrics:
+    tier: str
+    numel: int
+    mismatches: int
+    max_abs_err: float
+    max_ratio: float
+    worst_index: tuple | None = None
+    worst_actual: float | None = None
+    worst_expected: float | None = None
+    worst_tol: float | None = None
+    nonfinite_mismatches: int = 0
+    shape_error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.shape_error is None and self.mismatches == 0
+
+    def summary(self) -> str:
+        if self.shape_error:
+            return f"[{self.tier}] {self.shape_error}"
+        s = (f"[{self.tier}] {self.mismatches}/{self.numel} mismatched, max|err|="
+             f"{self.max_abs_err:.4g}, max err/tol={self.max_ratio:.4g}")
+        if self.worst_index is not None:
+            s += (f", worst at {self.worst_index}: got {self.worst_actual!r}, "
+                  f"want {self.worst_expected!r} +- {self.worst_tol:.4g}")
+        if self.nonfinite_mismatches:
+            s += f", {self.nonfinite_mismatches} NaN/Inf mismatches"
+        return s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        d["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
+        return d
+
+
+def _to_f64(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(t, dtype=np.float64)
+
+
+def _shape_mismatch(tier, actual_shape, expected_shape) -> Metrics | None:
+    if tuple(actual_shape) == tuple(expected_shape):
+        return None
+    return Metrics(tier, 0, 0, math.inf, math.inf,
+                   shape_error=f"shape {tuple(actual_shape)} != expected {tuple(expected_shape)}")
+
+
+def _finish(tier, ok, err, tol, a, e, nonfinite) -> Metrics:
+    numel = int(ok.size)
+    if numel == 0:
+        return Metrics(tier, 0, 0, 0.0, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(tol > 0, err / np.where(tol > 0, tol, 1.0), np.where(err > 0, np.inf, 0.0))
+    # A rejected element whose plain ratio is <= 1 (a NaN, a missing overflow) counts as inf.
+    ratio = np.where(ok, np.minimum(ratio, 1.0), np.where(ratio > 1, ratio, np.inf))
+    flat = int(np.argmax(ratio))
+    idx = tuple(int(i) for i in np.unravel_index(flat, ok.shape))
+    finite_err = err[np.isfinite(err)]
+    return Metrics(
+        tier=tier, numel=numel, mismatches=int((~ok).sum()),
+        max_abs_err=float(finite_err.max()) if finite_err.size else (math.inf if err.size else 0.0),
+        max_ratio=float(ratio.reshape(-1)[flat]),
+        worst_index=idx, worst_actual=float(a[idx]), worst_expected=float(e[idx]),
+        worst_tol=float(tol[idx]) if np.ndim(tol) else float(tol),
+        nonfinite_mismatches=int(nonfinite),
+    )
+
+
+def compare_bounded(actual, expected, tol, out_dtype, *, tier: str = "bounded") -> Metrics:
+    """|actual - expected| <= tol elementwise, NaN/Inf- and overflow-aware."""
+    e = _to_f64(expected)
+    bad = _shape_mismatch(tier, tuple(actual.shape), e.shape)
+    if bad:
+        return bad
+    a = _to_f64(actual)
+    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), e.shape)
+    thr = overflow_threshold(out_dtype) if out_dtype in (torch.float16, torch.bfloat16,
+                                                          torch.float32) else math.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(a - e)
+        within = np.isfinite(a) & np.isfinite(e) & (err <= tol)
+        both_nan = np.isnan(a) & np.isnan(e)
+        same_inf = np.isinf(a) & (a == e)
+        # Reference finite but past (or straddling) overflow: the signed infinity is right.
+        overflow_ok = np.isinf(a) & np.isfinite(e) & (np.sign(a) == np.sign(e)) & (
+            np.abs(e) + tol >= thr)
+        must_overflow = np.isfinite(e) & (np.abs(e) - tol >= thr) & ~np.isinf(a)
+    ok = (within | both_nan | same_inf | overflow_ok) & ~must_overflow
+    nonfinite = int(((~np.isfinite(a)) | (~np.isfinite(e)))[~ok].sum())
+    err = np.where(np.isfinite(err), err, np.inf)
+    err = np.where(ok & ~np.isfinite(err), 0.0, err)
+    return _finish(tier, ok, err, tol, a, e, nonfinite)
+
+
+def _bits(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        t = t.detach().cpu().contiguous()
+        width = t.element_size()
+        int_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+        return t.view(int_dtype).numpy().astype(np.int64)
+    arr = np.ascontiguousarray(t)
+    return arr.view(f"u{arr.dtype.itemsize}").astype(np.int64)
+
+
+def compare_exact(actual, expected, *, nan_payload: bool = False) -> Metrics:
+    """Bitwise equality; ``actual`` and ``expected`` must have the same element type."""
+    bad = _shape_mismatch("exact", tuple(actual.shape), tuple(expected.shape))
+    if bad:
+        return bad
+    a_bits, e_bits = _bits(actual), _bits(expected)
+    ok = a_bits == e_bits
+    a_val = _to_f64(actual) if _is_float(actual) else a_bits.astype(np.float64)
+    e_val = _to_f64(expected) if _is_float(expected) else e_bits.astype(np.float64)
+    if not nan_payload and _is_float(actual):
+        ok |= np.isnan(a_val) & np.isnan(e_val)
+    err = np.where(ok, 0.0, np.abs(a_bits - e_bits).astype(np.float64))
+    nonfinite = int(((~np.isfinite(a_val)) | (~np.isfinite(e_val)))[~ok].sum())
+    return _finish("exact", ok, err, np.zeros(ok.shape), a_val, e_val, nonfinite)
+
+
+def _is_float(t) -> bool:
+    if isinstance(t, torch.Tensor):
+        return t.dtype.is_floating_point
+    return np.asarray(t).dtype.kind == "f" or np.asarray(t).dtype.name.startswith("float")
+
+
+def compute_dtype(numerics: Mapping[str, Any]):
+    return numerics.get("compute_dtype", torch.float32)
+
+
+def with_output_rounding(ref, compute_err, out_dtype, *, roundings: int = 1) -> np.ndarray:
+    """Add ``roundings`` round-to-nearest steps into ``out_dtype`` to a compute-error bound."""
+    e = np.asarray(compute_err, dtype=np.float64)
+    return roundings * 0.5 * ulp(out_dtype, np.abs(ref) + e) + e
+
+
+def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Mapping[str, Any], *,
+                          ops: float = 4.0, reduction: int = 0,
+                          roundings: int = 1) -> np.ndarray:
+    """The ``ulp`` tier's bound (see module docstring)."""
+    u_c = unit_roundoff(compute_dtype(numerics))
+    coef = ops * u_c + (gamma(reduction, u_c) if reduction > 0 else 0.0)
+    e_c = coef * np.abs(np.asarray(magnitude, dtype=np.float64))
+    return with_output_rounding(ref, e_c, out_dtype, roundings=roundings)
+
+
+def gemm_error(p_abs, p, k: int, in_dtype, numerics: Mapping[str, Any]) -> np.ndarray:
+    """Bound on |computed P - P| for P = op(B) @ op(A) before the epilogue.
+
+    ``p_abs`` = |op(B)| @ |op(A)| and ``p`` = the exact product, both float64.
+    """
+    u_acc = unit_roundoff(torch.float32)
+    coef = gamma(k, u_acc) if k > 0 else 0.0
+    if numerics.get("matmul_input_rounding") == "tf32":
+        coef = coef + 2 * unit_roundoff("tf32")
+    partial = numerics.get("partial_sums_rounded_to")
+    if partial is not None and k > 1:
+        # Split-K in cuBLAS: at most ~log2(K) levels of partial sums kept in `partial`.
+        coef = coef + gamma(math.ceil(math.log2(k)) + 1, unit_roundoff(partial))
+    err = coef * p_abs
+    rounded_to = numerics.get("accumulator_rounded_to")
+    if rounded_to is not None:
+        err = err + 0.5 * ulp(rounded_to, np.abs(p) + err)
+    return err
+
+
+def gemm_tolerances(p_abs, p, pre, k: int, in_dtype, out_dtype, numerics, *, alpha: float,
+                    epilogue_abs, gelu_out=None) -> dict[str, np.ndarray]:
+    """Bounds for the ``gemm`` tier: {"pre": ..., "out": ...}.
+
+    ``epilogue_abs`` = |beta C| + |bias| (broadcast), ``pre`` the exact pre-activation and
+    ``gelu_out`` the exact GELU output (None without GELU).
+    """
+    u_c = unit_roundoff(compute_dtype(numerics))
+    e_p = gemm_error(p_abs, p, k, in_dtype, numerics)
+    e_pre = abs(alpha) * e_p + 3 * u_c * (abs(alpha) * (np.abs(p) + e_p) + epilogue_abs)
+    tol = {"pre": e_pre + 0.5 * ulp(out_dtype, np.abs(pre) + e_pre)}
+    if gelu_out is None:
+        tol["out"] = tol["pre"]
+    else:
+        e_y = GELU_LIPSCHITZ * e_pre + 8 * u_c * (np.abs(pre) + e_pre)
+        tol["out"] = e_y + 0.5 * ulp(out_dtype, np.abs(gelu_out) + e_y)
+    return tol
