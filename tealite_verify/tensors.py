@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+_MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10, torch.float64: 52}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -49,8 +50,9 @@ def generate(dist: dict, shape, dtype: torch.dtype, seed: int, device="cpu") -> 
             shape, generator=g, dtype=torch.float64)
         x = _signs(shape, g) * torch.exp2(e)
     elif kind == "tiny":
+        # From the smallest subnormal up to four times the smallest normal.
         tiny = torch.finfo(dtype).tiny
-        mant = torch.finfo(dtype).nmant
+        mant = _MANTISSA_BITS[dtype]
         e = torch.log2(torch.tensor(tiny, dtype=torch.float64)) + torch.empty(
             shape, dtype=torch.float64).uniform_(-mant, 2, generator=g)
         x = _signs(shape, g) * torch.exp2(e)

@@ -33,7 +33,8 @@ Pairwise backend-vs-backend comparison uses the sum of the two backends' bounds.
 
 Declared numerics (``Backend.implements(numerics=...)``) read here:
 ``compute_dtype`` (default float32), ``accumulator_rounded_to`` (dtype), ``matmul_input_rounding``
-("tf32"), ``partial_sums_rounded_to`` (dtype).
+("tf32"), ``partial_sums_rounded_to`` (dtype).  Every operation also gets an absolute
+underflow term (Higham's eta, widened to the smallest normal: see ``underflow_error``).
 
 Overflow: where the reference lies beyond the output dtype's overflow threshold by more than the
 tolerance, the output must be the signed infinity; where the tolerance band straddles the
@@ -229,6 +230,18 @@ def compute_dtype(numerics: Mapping[str, Any]):
     return numerics.get("compute_dtype", torch.float32)
 
 
+def underflow_error(dtype) -> float:
+    """Absolute error one operation can make near zero: the smallest normal of its format.
+
+    Not half a subnormal step: flush-to-zero hardware (AMD GPUs' default fp32 denormal mode
+    in many kernels) and exp overflow inside 1/(1+exp(-x)) both turn a subnormal
+    intermediate into 0.  Values below the compute format's normal range are judged at that
+    absolute resolution, scaled by what the intermediate is multiplied by afterwards
+    (``underflow_scale``).
+    """
+    return float(torch.finfo(dtype).tiny)
+
+
 def with_output_rounding(ref, compute_err, out_dtype, *, roundings: int = 1) -> np.ndarray:
     """Add ``roundings`` round-to-nearest steps into ``out_dtype`` to a compute-error bound."""
     e = np.asarray(compute_err, dtype=np.float64)
@@ -236,12 +249,14 @@ def with_output_rounding(ref, compute_err, out_dtype, *, roundings: int = 1) -> 
 
 
 def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Mapping[str, Any], *,
-                          ops: float = 4.0, reduction: int = 0,
-                          roundings: int = 1) -> np.ndarray:
+                          ops: float = 4.0, reduction: int = 0, roundings: int = 1,
+                          underflow_scale=1.0) -> np.ndarray:
     """The ``ulp`` tier's bound (see module docstring)."""
-    u_c = unit_roundoff(compute_dtype(numerics))
+    c_dt = compute_dtype(numerics)
+    u_c = unit_roundoff(c_dt)
     coef = ops * u_c + (gamma(reduction, u_c) if reduction > 0 else 0.0)
     e_c = coef * np.abs(np.asarray(magnitude, dtype=np.float64))
+    e_c = e_c + (ops + reduction) * underflow_error(c_dt) * np.asarray(underflow_scale)
     return with_output_rounding(ref, e_c, out_dtype, roundings=roundings)
 
 
@@ -252,13 +267,15 @@ def gemm_error(p_abs, p, k: int, in_dtype, numerics: Mapping[str, Any]) -> np.nd
     """
     u_acc = unit_roundoff(torch.float32)
     coef = gamma(k, u_acc) if k > 0 else 0.0
+    # Products that underflow (or are flushed) lose up to the smallest normal each.
+    eta = k * underflow_error(torch.float32)
     if numerics.get("matmul_input_rounding") == "tf32":
         coef = coef + 2 * unit_roundoff("tf32")
     partial = numerics.get("partial_sums_rounded_to")
     if partial is not None and k > 1:
         # Split-K in cuBLAS: at most ~log2(K) levels of partial sums kept in `partial`.
         coef = coef + gamma(math.ceil(math.log2(k)) + 1, unit_roundoff(partial))
-    err = coef * p_abs
+    err = coef * p_abs + eta
     rounded_to = numerics.get("accumulator_rounded_to")
     if rounded_to is not None:
         err = err + 0.5 * ulp(rounded_to, np.abs(p) + err)

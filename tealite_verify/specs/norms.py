@@ -97,7 +97,7 @@ def ln_fwd_reference(x, case):
     mean_abs = np.abs(x["x"]).mean(axis=-1)
     var = ((x["x"] - mean[..., None]) ** 2).mean(axis=-1)
     xhat = (x["x"] - mean[..., None]) * rs[..., None]
-    out_dt, w_dt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
+    out_dt = dtype_of(case["dtype"])
 
     def parts(num):
         u, gh = _u(num), _reduction_gamma(hidden, num)
@@ -105,9 +105,10 @@ def ln_fwd_reference(x, case):
         rel_rs = SAFETY * (0.5 * (e_mean**2 / (var + case["eps"]) + gh + 3 * u) + 2 * u)
         e_xhat = e_mean[..., None] * rs[..., None] + np.abs(xhat) * (rel_rs[..., None] + 2 * u)
         e_y = np.abs(g_eff) * e_xhat + SAFETY * 2 * u * (np.abs(xhat * g_eff) + np.abs(x["beta"]))
+        e_y = e_y + 8 * tol.underflow_error(tol.compute_dtype(num)) * rs[..., None] * (
+            1.0 + np.abs(g_eff))
         return e_mean, rel_rs, e_y
 
-    del w_dt
     return {
         "y": Expected(y, out_dt, "ulp", lambda n: tol.with_output_rounding(y, parts(n)[2], out_dt)),
         "mean": Expected(mean, F32, "ulp",
@@ -130,12 +131,23 @@ def _ln_bwd_parts(x, case, *, rms):
     return mag_dx, _rows(np.abs(x["dy"] * xhat)), _rows(np.abs(x["dy"]))
 
 
-def _bwd_expected(grads, mags, names, out_dtypes, reductions):
+def _bwd_underflow_scales(x, case, *, rms):
+    """Multipliers applied after an underflowed product (g*dy, dy*xhat) in each gradient."""
+    g = np.abs(ref.effective_weight(x["gamma"], case["zero_centered_gamma"]))
+    rs = x["rsigma"][..., None]
+    xhat = np.abs((x["x"] - (0.0 if rms else x["mean"][..., None])) * rs)
+    amp_dx = rs * (1.0 + g) * (1.0 + xhat)
+    amp_dg = _rows(1.0 + xhat) if xhat.size else 1.0
+    amp_db = float(xhat.size // max(xhat.shape[-1], 1)) + 1.0
+    return amp_dx, amp_dg, amp_db
+
+
+def _bwd_expected(grads, mags, amps, names, out_dtypes, reductions):
     expected = {}
-    for name, value, mag, dt, red in zip(names, grads, mags, out_dtypes, reductions):
+    for name, value, mag, amp, dt, red in zip(names, grads, mags, amps, out_dtypes, reductions):
         expected[name] = Expected(value, dt, "ulp", (
-            lambda n, v=value, m=mag, d=dt, r=red: tol.elementwise_tolerance(
-                v, SAFETY * m, d, n, ops=8, reduction=r)))
+            lambda n, v=value, m=mag, a=amp, d=dt, r=red: tol.elementwise_tolerance(
+                v, SAFETY * m, d, n, ops=8, reduction=r, underflow_scale=a)))
     return expected
 
 
@@ -145,8 +157,9 @@ def ln_bwd_reference(x, case):
     mags = _ln_bwd_parts(x, case, rms=False)
     hidden, rows = x["x"].shape[-1], x["x"].size // x["x"].shape[-1]
     dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
-    return _bwd_expected((dx, dgamma, dbeta), mags, ("dx", "dgamma", "dbeta"), (dt, wdt, wdt),
-                         (hidden, rows, rows))
+    amps = _bwd_underflow_scales(x, case, rms=False)
+    return _bwd_expected((dx, dgamma, dbeta), mags, amps, ("dx", "dgamma", "dbeta"),
+                         (dt, wdt, wdt), (hidden, rows, rows))
 
 
 def ln_fwd_call(inputs, case, backend):
@@ -177,6 +190,8 @@ def rms_fwd_reference(x, case):
 
     def y_bound(num):
         e_y = np.abs(y) * (rel_rs(num)[..., None] + SAFETY * 3 * _u(num))
+        e_y = e_y + 8 * tol.underflow_error(tol.compute_dtype(num)) * rs[..., None] * (
+            1.0 + np.abs(ref.effective_weight(x["gamma"], case["zero_centered_gamma"])))
         return tol.with_output_rounding(y, e_y, out_dt)
 
     return {
@@ -192,7 +207,8 @@ def rms_bwd_reference(x, case):
     mag_dx, mag_dg, _ = _ln_bwd_parts(x, case, rms=True)
     hidden, rows = x["x"].shape[-1], x["x"].size // x["x"].shape[-1]
     dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
-    return _bwd_expected((dx, dgamma), (mag_dx, mag_dg), ("dx", "dgamma"), (dt, wdt),
+    amps = _bwd_underflow_scales(x, case, rms=True)[:2]
+    return _bwd_expected((dx, dgamma), (mag_dx, mag_dg), amps, ("dx", "dgamma"), (dt, wdt),
                          (hidden, rows))
 
 
