@@ -21,7 +21,7 @@ from tealite_verify.strategies.shapes import row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
 
-_LIMITS = {"ci": (24, 256), "local": (128, 2048), "large": (8192, 8192)}
+_LIMITS = {"ci": (24, 256), "local": (128, 2048), "large": (1024, 4096)}
 OPS = 8  # rounded operations per element in any kind's formula (generous)
 
 

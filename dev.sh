@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One entry point that does all set-up on a fresh machine, then runs what you ask:
+#   ./dev.sh run   [args]  the main job: python -m tealite_verify run (CPU, torch backend default)
+#   ./dev.sh test  [args]  the test suite (pytest; unit + differential tests)
+#   ./dev.sh py    [args]  python inside the project venv
+# The venv lives in .venv (override with TEALITE_VENV).  torch is pinned to the CPU build
+# (pyproject.toml); the install is redone only when pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${TEALITE_VENV:-.venv}
+PY=${PYTHON:-python3}
+stamp="$VENV/.tealite-installed"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "dev.sh: setting up $VENV (torch CPU build, test extras)..." >&2
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+  "$VENV/bin/python" -m pip install -q -e ".[test]" >&2
+  echo "$want" > "$stamp"
+fi
+cmd=${1:-run}
+shift || true
+case "$cmd" in
+  run)  exec "$VENV/bin/python" -m tealite_verify run "$@" ;;
+  test) exec "$VENV/bin/python" -m pytest "$@" ;;
+  py)   exec "$VENV/bin/python" "$@" ;;
+  *)    echo "usage: ./dev.sh {run|test|py} [args...]" >&2; exit 2 ;;
+esac
