@@ -20,15 +20,18 @@ def _misaligned(limit: int) -> list[int]:
     return sorted(out)
 
 
-def dim(max_value: int, *, allow_zero: bool = False) -> st.SearchStrategy[int]:
-    """One dimension in [0 or 1, max_value], edge-biased."""
-    lo = 0 if allow_zero else 1
+@st.composite
+def dim(draw, max_value: int, *, allow_zero: bool = False) -> int:
+    """One dimension in [0 or 1, max_value]: 0 (when allowed) one draw in 16, an edge size
+    (1, a prime, one off a power-of-two multiple) about half the time, otherwise uniform."""
     specials = [1] + [p for p in PRIMES if p <= max_value] + _misaligned(max_value)
     specials += [v for v in (8, 16, 32, 64, 128, 256) if v <= max_value]
-    options = [st.sampled_from(sorted(set(specials))), st.integers(lo, max_value)]
-    if allow_zero:
-        options.insert(0, st.just(0))
-    return st.one_of(*options)
+    selector = draw(st.integers(0, 15))
+    if allow_zero and selector == 0:
+        return 0
+    if selector < 9:
+        return draw(st.sampled_from(sorted(set(specials))))
+    return draw(st.integers(1, max_value))
 
 
 @st.composite
