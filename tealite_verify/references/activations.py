@@ -26,7 +26,8 @@ def _tanh_inner(x):
 
 
 def gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(_tanh_inner(x)))
+    # 0.5 * (1 + tanh(u)) == sigmoid(2u), without the cancellation for u << 0.
+    return x * sigmoid(2.0 * _tanh_inner(x))
 
 
 def dgelu_tanh(x):
@@ -36,7 +37,7 @@ def dgelu_tanh(x):
 
 
 def relu(x):
-    return np.where(x > 0, x, 0.0)
+    return np.maximum(x, 0.0)  # propagates NaN, as max(x, 0) does in torch
 
 
 def drelu(x):
@@ -62,7 +63,8 @@ def dqgelu(x):
 
 
 def srelu(x):
-    return np.where(x > 0, x * x, 0.0)
+    r = np.maximum(x, 0.0)
+    return r * r
 
 
 def dsrelu(x):
@@ -77,6 +79,8 @@ GATED = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu",
 
 
 def _split(x):
+    if x.shape[-1] % 2:
+        raise ValueError(f"gated kinds need an even last dim, got shape {x.shape}")
     n = x.shape[-1] // 2
     return x[..., :n], x[..., n:]
 
