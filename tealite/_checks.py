@@ -55,7 +55,9 @@ def check_same_device(**tensors) -> torch.device:
 
 def check_dtype_in(name: str, dtype, allowed: Sequence[torch.dtype]) -> None:
     allowed_s = ", ".join(dtype_name(d) for d in allowed)
-    require(dtype in allowed, f"{name} must be one of ({allowed_s}), got {dtype}")
+    got = dtype_name(dtype) if isinstance(dtype, torch.dtype) else \
+        f"{dtype!r} ({type(dtype).__name__}, not a torch.dtype)"
+    require(dtype in allowed, f"{name} must be one of ({allowed_s}), got {got}")
 
 
 def check_choice(name: str, value, choices: Sequence) -> None:
@@ -65,7 +67,10 @@ def check_choice(name: str, value, choices: Sequence) -> None:
 def check_finite_number(name: str, value, *, positive: bool = False) -> float:
     require(isinstance(value, (int, float)) and not isinstance(value, bool),
             f"{name} must be a Python float, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise TealiteArgumentError(f"{name} must be finite, got an int too large for a float")
     require(value == value and abs(value) != float("inf"), f"{name} must be finite, got {value}")
     if positive:
         require(value > 0, f"{name} must be > 0, got {value}")

@@ -234,6 +234,9 @@ def dispatch(op: str, params: Mapping[str, Any], backend: str | None) -> Impl:
     """
     load_plugins()
     if backend is not None:
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a backend name (str) or None, got "
+                            f"{type(backend).__name__}")
         b = get_backend(backend)
         reason = b.unavailable_reason()
         if reason is not None:

@@ -82,7 +82,8 @@ def act_bwd(dy: torch.Tensor, x: torch.Tensor, kind: str, *,
 def dbias_dact(dy: torch.Tensor, x: torch.Tensor, kind: str, *,
                backend: str | None = None) -> DbiasDact:
     _check_x(x, kind)
-    require(kind in POINTWISE, f"dbias_dact supports pointwise kinds {POINTWISE}, got {kind!r}")
+    require(kind in POINTWISE,
+            f"kind must be a pointwise kind {POINTWISE} for dbias_dact, got {kind!r}")
     check_tensor("dy", dy, dtypes=(x.dtype,))
     check_shape("dy", dy, x.shape, "same as x")
     impl = registry.dispatch("dbias_dact", _params(x, kind, dy=dy), backend)

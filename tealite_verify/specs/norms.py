@@ -49,7 +49,8 @@ def cases(draw, dtype: str | None = None, size: str = "ci", *, rms: bool, bwd: b
 def _base_inputs(case, device, *, rms):
     dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
     shape, s, hidden = case["shape"], case["seed"], case["shape"][-1]
-    x = generate(case["dist"], shape, torch.float64, s) + case.get("offset", 0.0)
+    # Draw in x's dtype (so "tiny" means its subnormals), then add the offset and round again.
+    x = generate(case["dist"], shape, dt, s).double() + case.get("offset", 0.0)
     inputs = {"x": x.to(dt).to(device)}
     wscale = 0.1 if case["zero_centered_gamma"] else 1.0
     inputs["gamma"] = generate({"kind": "normal", "scale": wscale}, (hidden,), wdt, s + 1, device)

@@ -2,6 +2,8 @@
 all-zero rows, exact ties).  Each draws a small dict consumed by tensors.generate."""
 from __future__ import annotations
 
+import functools
+
 from hypothesis import strategies as st
 
 # Half of the largest finite value, so |x| stays representable in every float dtype we test.
@@ -12,6 +14,7 @@ def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**31 - 1)
 
 
+@functools.lru_cache(maxsize=None)  # strategies are immutable; building them is not free
 def distributions(dtype: str, *, wide: bool = True, max_log2: int | None = None,
                   ) -> st.SearchStrategy[dict]:
     """Distributions for inputs of ``dtype``.
