@@ -4,3 +4,29 @@ import os
 from tealite_verify import profiles
 
 profiles.load(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---- make_backend: uniquely named test backends, always unregistered (tolerance tests) ---------
+import itertools  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tealite.registry import Backend, backends, register_backend, unregister_backend  # noqa: E402
+
+
+@pytest.fixture
+def make_backend():
+    """Create uniquely named test backends; they are unregistered whatever happens."""
+    names: list[str] = []
+    counter = itertools.count()
+
+    def make(prefix: str) -> Backend:
+        name = f"{prefix}_{next(counter)}"
+        assert name not in backends()
+        names.append(name)
+        return register_backend(Backend(name=name, description="test backend (tests/conftest.py make_backend)"))
+
+    yield make
+    for n in names:
+        unregister_backend(n)
+    assert not any(n in backends() for n in names)

@@ -6,7 +6,6 @@ import os
 
 import pytest
 from hypothesis import given, note, settings
-from hypothesis import strategies as st
 
 from tealite import registry
 from tealite_verify import profiles

@@ -1,0 +1,245 @@
+"""Tolerance primitives: ulp, unit_roundoff, gamma, overflow_threshold, compare_exact,
+compare_bounded (and the Metrics it returns), with_output_rounding.
+
+The tiers on crafted data and the pairwise checks are in test_tolerance_tiers.py; deliberately
+wrong backends, end to end through the registry, in test_seeded_wrong_backends.py.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tealite_verify import tolerance as T
+
+from _helpers_tolerance import BF16, FP16, FP32, FP64, _round_once
+
+@pytest.mark.parametrize("dtype,mant,emin", [(FP32, 23, -126), (BF16, 7, -126), (FP16, 10, -14)])
+def test_ulp_normal_range(dtype, mant, emin):
+    assert T.ulp(dtype, 1.0) == 2.0**-mant
+    assert T.ulp(dtype, -1.0) == 2.0**-mant
+    largest_below_2 = 2.0 - 2.0**-mant  # the representable neighbour of 2.0 from below
+    assert float(torch.tensor(largest_below_2, dtype=dtype)) == largest_below_2
+    assert T.ulp(dtype, largest_below_2) == 2.0**-mant
+    assert T.ulp(dtype, np.nextafter(2.0, 0.0)) == 2.0**-mant  # any real just below 2
+    assert T.ulp(dtype, 2.0) == 2.0**(1 - mant)
+    assert T.ulp(dtype, 0.75) == 2.0**(-1 - mant)
+    # Smallest normal: spacing 2^(emin - mant), the same as the subnormal spacing.
+    assert T.ulp(dtype, 2.0**emin) == 2.0**(emin - mant)
+    # Agrees with the real format's spacing (torch.nextafter) over many binades.
+    t = torch.tensor([2.0**e * m for e in range(emin, 15) for m in (1.0, 1.3, 1.99)], dtype=dtype)
+    up = torch.nextafter(t, torch.full_like(t, math.inf))
+    np.testing.assert_array_equal(T.ulp(dtype, t.double().numpy()),
+                                  (up.double() - t.double()).numpy())
+
+
+@pytest.mark.parametrize("dtype,sub_spacing", [(FP16, 2.0**-24), (BF16, 2.0**-133),
+                                               (FP32, 2.0**-149)])
+def test_ulp_zero_and_subnormal(dtype, sub_spacing):
+    tiny = torch.finfo(dtype).tiny
+    vals = np.array([0.0, -0.0, sub_spacing, 3 * sub_spacing, tiny / 2, tiny * (1 - 2.0**-20)])
+    np.testing.assert_array_equal(T.ulp(dtype, vals), np.full(vals.shape, sub_spacing))
+    # The smallest positive subnormal is exactly that spacing in the real format.
+    assert float(torch.tensor(sub_spacing, dtype=torch.float64).to(dtype)) == sub_spacing
+    assert float(torch.tensor(sub_spacing / 4, dtype=torch.float64).to(dtype)) == 0.0
+
+
+def test_ulp_is_elementwise_and_shape_preserving():
+    v = np.array([[1.0, 2.0], [0.0, -4.0]])
+    out = T.ulp(BF16, v)
+    assert out.shape == v.shape
+    np.testing.assert_array_equal(out, [[2.0**-7, 2.0**-6], [2.0**-133, 2.0**-5]])
+
+
+def test_unit_roundoff():
+    assert T.unit_roundoff(FP64) == 2.0**-53
+    assert T.unit_roundoff(FP32) == 2.0**-24
+    assert T.unit_roundoff(BF16) == 2.0**-8
+    assert T.unit_roundoff(FP16) == 2.0**-11
+    assert T.unit_roundoff("tf32") == 2.0**-11
+    with pytest.raises(ValueError):
+        T.unit_roundoff(torch.int32)
+
+
+def test_gamma():
+    u = 2.0**-24
+    assert T.gamma(0, u) == 0.0
+    assert T.gamma(1, u) == pytest.approx(u / (1 - u), rel=1e-15)
+    assert T.gamma(4096, u) == pytest.approx(4096 * u / (1 - 4096 * u), rel=1e-15)
+    assert T.gamma(4096, u) > 4096 * u  # strictly above the first-order term
+    np.testing.assert_allclose(T.gamma(np.array([1, 10]), 2.0**-8),
+                               [2.0**-8 / (1 - 2.0**-8), 10 * 2.0**-8 / (1 - 10 * 2.0**-8)])
+    assert T.gamma(256, 2.0**-8) == np.inf  # n u = 1: the bound is vacuous
+    assert T.gamma(1000, 2.0**-8) == np.inf
+
+
+def test_overflow_threshold():
+    assert T.overflow_threshold(FP16) == 65520.0
+    assert T.overflow_threshold(BF16) == (2 - 2.0**-8) * 2.0**127
+    assert T.overflow_threshold(FP32) == (2 - 2.0**-24) * 2.0**127
+    # It really is the round-to-nearest boundary: just below stays finite (the largest finite
+    # value), the threshold itself (a tie with an odd last bit) goes to infinity.
+    for dt in (FP16, BF16, FP32):
+        thr = T.overflow_threshold(dt)
+        below = torch.tensor([np.nextafter(thr, 0)], dtype=FP64)
+        assert float(_round_once(below, dt)) == torch.finfo(dt).max
+        assert math.isinf(float(_round_once(torch.tensor([thr], dtype=FP64), dt)))
+
+
+# ---- compare_exact -------------------------------------------------------------------------
+
+def _nan_with_payload(dtype, payload):
+    bits = {FP32: (torch.int32, 0x7FC00000), BF16: (torch.int16, 0x7FC0),
+            FP16: (torch.int16, 0x7E00)}[dtype]
+    return torch.tensor([bits[1] | payload], dtype=bits[0]).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16, FP16])
+def test_compare_exact_signed_zero_and_nan(dtype):
+    pz, nz = torch.tensor([0.0], dtype=dtype), torch.tensor([-0.0], dtype=dtype)
+    assert T.compare_exact(pz, pz.clone()).passed
+    m = T.compare_exact(pz, nz)
+    assert not m.passed and m.mismatches == 1 and m.max_ratio == math.inf
+
+    n1, n2 = _nan_with_payload(dtype, 0), _nan_with_payload(dtype, 1)
+    assert torch.isnan(n1).all() and torch.isnan(n2).all()
+    assert T.compare_exact(n1, n2).passed  # any NaN matches any NaN by default
+    m = T.compare_exact(n1, n2, nan_payload=True)
+    assert not m.passed and m.mismatches == 1 and m.nonfinite_mismatches == 1
+    assert T.compare_exact(n1, n1.clone(), nan_payload=True).passed
+    # NaN vs a number never matches.
+    assert not T.compare_exact(n1, torch.tensor([1.0], dtype=dtype)).passed
+
+
+def test_compare_exact_values_ints_and_metrics():
+    a = torch.tensor([1, 2, 3, 4], dtype=torch.int8)
+    e = torch.tensor([1, 2, 5, 4], dtype=torch.int8)
+    m = T.compare_exact(a, e)
+    assert not m.passed and m.mismatches == 1 and m.worst_index == (2,)
+    assert (m.worst_actual, m.worst_expected) == (3.0, 5.0)
+    assert T.compare_exact(a, a.clone()).passed
+    # Floats: one bit apart is a mismatch, even though it is a tiny numerical difference.
+    x = torch.tensor([1.0, 2.0], dtype=BF16)
+    y = x.clone()
+    y.view(torch.int16)[1] += 1
+    m = T.compare_exact(x, y)
+    assert m.mismatches == 1 and m.worst_index == (1,) and m.worst_expected == 2.0 + 2.0**-6
+    # numpy float arrays work too (NaN-aware).
+    assert T.compare_exact(np.array([np.nan, 1.0]), np.array([np.nan, 1.0])).passed
+
+
+def test_compare_exact_numpy_bfloat16_nan_aware():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    n1 = np.array([0x7FC0], dtype=np.uint16).view(ml_dtypes.bfloat16)
+    n2 = np.array([0x7FC1], dtype=np.uint16).view(ml_dtypes.bfloat16)
+    assert np.isnan(n1.astype(np.float64)).all() and np.isnan(n2.astype(np.float64)).all()
+    assert T.compare_exact(n1, n2).passed
+
+
+def test_compare_exact_shape_mismatch():
+    m = T.compare_exact(torch.zeros(2, 3), torch.zeros(3, 2))
+    assert not m.passed and m.shape_error and "(2, 3)" in m.shape_error
+    assert "(2, 3)" in m.summary()
+
+
+def test_compare_exact_rejects_different_element_types():
+    # Same bits, different types: not "exact" (a kernel returning int32 codes for uint8 is a bug).
+    one_f = torch.tensor([1.0], dtype=torch.float32)
+    one_i = torch.tensor([1065353216], dtype=torch.int32)
+    m = T.compare_exact(one_f, one_i)
+    assert not m.passed and "element type" in m.shape_error
+    assert not T.compare_exact(np.array([1, 2], np.int16), np.array([1, 2], np.int32)).passed
+    assert T.compare_exact(np.array([1, 2], np.int16), np.array([1, 2], np.int16)).passed
+
+
+# ---- compare_bounded -----------------------------------------------------------------------
+
+def test_compare_bounded_nan_inf_rules():
+    nan, inf = math.nan, math.inf
+    # (actual, expected, tol, passes)
+    rows = [
+        (nan, 1.0, 1.0, False),   # NaN vs number
+        (1.0, nan, 1.0, False),   # number vs NaN
+        (nan, nan, 0.0, True),    # both NaN
+        (inf, inf, 0.0, True),    # same-sign inf
+        (-inf, -inf, 0.0, True),
+        (-inf, inf, 0.0, False),  # opposite-sign inf
+        (65504.0, inf, 1e9, False),  # finite vs inf reference, whatever tol
+        (inf, 1.0, 0.5, False),   # spurious overflow
+        (nan, inf, 0.0, False),
+    ]
+    a = torch.tensor([r[0] for r in rows], dtype=FP16)
+    e = np.array([r[1] for r in rows])
+    tol = np.array([r[2] for r in rows])
+    m = T.compare_bounded(a, e, tol, FP16)
+    # Check element by element (so a failure names the row).
+    for i, (av, ev, tv, want) in enumerate(rows):
+        mi = T.compare_bounded(a[i:i + 1], e[i:i + 1], tol[i:i + 1], FP16)
+        assert mi.passed == want, (av, ev, tv, mi.summary())
+    assert m.mismatches == sum(not r[3] for r in rows)
+    assert m.nonfinite_mismatches == m.mismatches
+    assert m.max_ratio == math.inf
+
+
+def test_compare_bounded_overflow_threshold():
+    thr = T.overflow_threshold(FP16)  # 65520
+    inf = torch.tensor([math.inf], dtype=FP16)
+    fmax = torch.tensor([65504.0], dtype=FP16)
+    # Reference well beyond the threshold (by more than tol): only +inf is right.
+    assert T.compare_bounded(inf, np.array([70000.0]), 8.0, FP16).passed
+    m = T.compare_bounded(fmax, np.array([70000.0]), 8.0, FP16)
+    assert not m.passed and m.mismatches == 1
+    # A band wide enough to reach back below the threshold straddles it: both are accepted.
+    assert T.compare_bounded(fmax, np.array([70000.0]), 5000.0, FP16).passed
+    assert T.compare_bounded(inf, np.array([70000.0]), 5000.0, FP16).passed
+    assert not T.compare_bounded(-inf, np.array([70000.0]), 8.0, FP16).passed  # wrong sign
+    assert T.compare_bounded(-inf, np.array([-70000.0]), 8.0, FP16).passed
+    # Band straddling the threshold: either the finite value (within tol) or inf.
+    e = np.array([thr - 4.0])
+    assert T.compare_bounded(fmax, e, 16.0, FP16).passed
+    assert T.compare_bounded(inf, e, 16.0, FP16).passed
+    # Band entirely below the threshold: inf is wrong.
+    assert not T.compare_bounded(inf, np.array([65000.0]), 16.0, FP16).passed
+    # A float64 out dtype has no overflow rule: inf vs a huge finite value fails.
+    assert not T.compare_bounded(torch.tensor([math.inf], dtype=FP64), np.array([1e300]), 1.0,
+                                 FP64).passed
+
+
+def test_compare_bounded_metrics_fields():
+    expected = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    actual = torch.tensor([[1.0, 2.25, 3.0], [4.0, 5.0, 7.5]], dtype=FP32)
+    tol = np.array([[0.1, 0.5, 0.1], [0.0, 0.1, 0.5]])
+    m = T.compare_bounded(actual, expected, tol, FP32, tier="crafted")
+    assert m.tier == "crafted" and m.numel == 6
+    assert m.mismatches == 1  # only (1, 2): 1.5 > 0.5; (0, 1): 0.25 <= 0.5
+    assert m.max_abs_err == 1.5
+    assert m.max_ratio == 3.0
+    assert m.worst_index == (1, 2)
+    assert (m.worst_actual, m.worst_expected, m.worst_tol) == (7.5, 6.0, 0.5)
+    assert m.nonfinite_mismatches == 0 and not m.passed
+    d = m.to_dict()
+    assert d["passed"] is False and d["worst_index"] == [1, 2]
+    assert "1/6 mismatched" in m.summary()
+    # Passing case: worst element is the largest ratio (<= 1); zero tol + zero error is fine.
+    ok = T.compare_bounded(torch.tensor(expected, dtype=FP32), expected, 0.0, FP32)
+    assert ok.passed and ok.max_ratio == 0.0 and ok.max_abs_err == 0.0
+    m2 = T.compare_bounded(actual, expected, 1.5, FP32)
+    assert m2.passed and m2.max_ratio == 1.0 and m2.worst_index == (1, 2)
+    # Shape mismatch and empty tensors.
+    bad = T.compare_bounded(torch.zeros(3), np.zeros(4), 1.0, FP32)
+    assert not bad.passed and bad.shape_error
+    empty = T.compare_bounded(torch.zeros(0, 5), np.zeros((0, 5)), 1.0, FP32)
+    assert empty.passed and empty.numel == 0
+
+
+def test_with_output_rounding_and_elementwise_bound_shape():
+    ref = np.array([1.0, 1.5, 2.0 - 2.0**-9, 0.0])
+    tol = T.with_output_rounding(ref, 0.0, BF16)
+    np.testing.assert_array_equal(tol, [2.0**-8, 2.0**-8, 2.0**-8, 2.0**-134])
+    # Compute error pushes |ref| + e into the next binade: the larger ULP is used.
+    tol = T.with_output_rounding(np.array([2.0 - 2.0**-9]), 2.0**-8, BF16)
+    assert tol[0] == 0.5 * 2.0**-6 + 2.0**-8
+    tol2 = T.with_output_rounding(ref, 0.0, BF16, roundings=2)
+    np.testing.assert_array_equal(tol2[:3], [2.0**-7] * 3)
