@@ -14,6 +14,10 @@ Distributions (``dist["kind"]``):
 ``zero_rows``   N(0, scale^2) with a fraction ``frac`` of rows (leading index) set to 0
 ``integers``    integers in [-hi, hi]: exact products and sums, so low-precision outputs
                 land exactly on rounding ties
+``quant_edges`` for quantizers of format ``fmt`` with blocks of ``block`` along the last dim:
+                every block holds exact codes and exact midpoints between adjacent codes
+                (element rounding ties) at a random power-of-two scale, and one element at
+                fmt.max * 2^j moved by -1, 0 or +1 ulp of the dtype (scale rounding boundaries)
 """
 from __future__ import annotations
 
@@ -56,6 +60,8 @@ def generate(dist: dict, shape, dtype: torch.dtype, seed: int, device="cpu") -> 
         e = torch.log2(torch.tensor(tiny, dtype=torch.float64)) + torch.empty(
             shape, dtype=torch.float64).uniform_(-mant, 2, generator=g)
         x = _signs(shape, g) * torch.exp2(e)
+    elif kind == "quant_edges":
+        x = _quant_edges(dist, shape, dtype, g)
     elif kind == "integers":
         hi = int(dist["hi"])
         x = torch.randint(-hi, hi + 1, shape, generator=g).to(torch.float64)
@@ -66,3 +72,41 @@ def generate(dist: dict, shape, dtype: torch.dtype, seed: int, device="cpu") -> 
 
 def _signs(shape, g) -> torch.Tensor:
     return torch.randint(0, 2, shape, generator=g).to(torch.float64) * 2 - 1
+
+
+def _format_values(fmt: str) -> torch.Tensor:
+    import numpy as np
+
+    from tealite_verify.references.quantize import ML_DTYPES
+    bits = np.arange(16 if fmt == "e2m1" else 256, dtype=np.uint8)
+    vals = bits.view(ML_DTYPES[fmt]).astype(np.float64)
+    vals = np.unique(vals[np.isfinite(vals) & (vals >= 0)])
+    return torch.from_numpy(vals)
+
+
+def _quant_edges(dist: dict, shape, dtype, g) -> torch.Tensor:
+    vals = _format_values(dist["fmt"])
+    mids = (vals[1:] + vals[:-1]) / 2
+    pool = torch.cat([vals, mids])
+    n = 1
+    for s in shape:
+        n *= s
+    x = pool[torch.randint(0, len(pool), (n,), generator=g)] * _signs((n,), g)
+    x = x.reshape(shape) if shape else x.reshape(())
+    if len(shape) >= 1 and shape[-1] > 0:
+        block = int(dist.get("block", 32))
+        lead = x.reshape(-1, shape[-1])
+        nb = -(-shape[-1] // block)
+        scale = torch.exp2(torch.randint(-8, 9, (lead.shape[0], nb), generator=g).double())
+        lead = lead * scale.repeat_interleave(block, 1)[:, : shape[-1]]
+        # One boundary element per block: fmt max * 2^j nudged by -1/0/+1 ulp of dtype.
+        fmax = float(vals.max())
+        ulp_rel = 2.0 ** -_MANTISSA_BITS[dtype]
+        nudge = (torch.randint(-1, 2, (lead.shape[0], nb), generator=g).double() * ulp_rel)
+        edge = fmax * scale * (1 + nudge)
+        for b in range(nb):
+            col = b * block + int(torch.randint(0, min(block, shape[-1] - b * block), (1,),
+                                                generator=g))
+            lead[:, col] = edge[:, b]
+        x = lead.reshape(shape)
+    return x

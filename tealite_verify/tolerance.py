@@ -111,6 +111,7 @@ class Metrics:
     worst_tol: float | None = None
     nonfinite_mismatches: int = 0
     shape_error: str | None = None
+    excused: int = 0  # elements a tier's documented exception accepted (reported, not hidden)
 
     @property
     def passed(self) -> bool:
@@ -126,6 +127,8 @@ class Metrics:
                   f"want {self.worst_expected!r} +- {self.worst_tol:.4g}")
         if self.nonfinite_mismatches:
             s += f", {self.nonfinite_mismatches} NaN/Inf mismatches"
+        if self.excused:
+            s += f", {self.excused} excused by the tier's rule"
         return s
 
     def to_dict(self) -> dict[str, Any]:

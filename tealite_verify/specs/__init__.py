@@ -22,13 +22,18 @@ class Expected:
     """The reference's verdict on one output.
 
     ``value``: float64 reference (numpy), or for the exact tier the expected tensor.
-    ``bound(numerics) -> per-element tolerance``: None means the exact tier.
+    ``bound(numerics) -> per-element tolerance``: None means the exact tier (unless
+    ``check`` is given).
     """
 
     value: Any
-    out_dtype: torch.dtype
+    out_dtype: torch.dtype | None
     tier: str
     bound: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+    # Tiers that need more than one output (codes judged under the backend's own scales):
+    # check(backend outputs, numerics) -> Metrics; check_pair(outputs x, outputs y) -> Metrics.
+    check: Callable[[dict, Mapping[str, Any]], Any] | None = None
+    check_pair: Callable[[dict, dict], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,231 @@
+"""Quantization in plain torch ops (CPU and GPU), every recipe.
+
+Casts to FP8 go through torch's ``.to(float8_*)`` (RNE) after an explicit clamp, because
+torch's out-of-range behaviour differs by device (the CPU saturates, CUDA gives NaN).  E2M1
+has no torch cast: it is rounded here by comparing against the midpoints between its values.
+"""
+from __future__ import annotations
+
+import torch
+
+from tealite import recipes as R
+from tealite.backends.torch import BACKEND
+from tealite.formats import ElementRounding, ScaleRounding, get_format
+from tealite.ops.quantize import QuantizedTensor
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_F32_MANT = 23
+_E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _clamp(v: torch.Tensor, fmax: float) -> torch.Tensor:
+    return torch.where(torch.isnan(v), v, v.clamp(-fmax, fmax))
+
+
+def _fp8_cast_rne(v: torch.Tensor, fmt) -> torch.Tensor:
+    return _clamp(v, fmt.max).to(fmt.torch_dtype)
+
+
+def _fp8_cast_ties_away(v: torch.Tensor, fmt) -> torch.Tensor:
+    """RNE, then move exact ties that went toward zero one code away from zero."""
+    v = _clamp(v, fmt.max)
+    q = v.to(fmt.torch_dtype)
+    qf = q.float()
+    other = (2 * v.double() - qf.double())
+    other_q = other.float().to(fmt.torch_dtype)
+    tie = (other_q.double() == other) & (qf != v) & (other.abs() > qf.abs()) & torch.isfinite(v)
+    return torch.where(tie, other_q, q)
+
+
+def _e2m1_codes(v: torch.Tensor, rounding: ElementRounding) -> torch.Tensor:
+    """4-bit E2M1 codes (uint8) of fp32 values already scaled into range (saturating)."""
+    values = _E2M1_VALUES.to(v.device)
+    a = v.abs().clamp(max=6.0)
+    mids = (values[1:] + values[:-1]) / 2
+    # Index of the largest value not above a midpoint-decision: count midpoints below a.
+    idx = (a.unsqueeze(-1) > mids).sum(-1)
+    at_mid = (a.unsqueeze(-1) == mids)
+    if rounding is ElementRounding.RNE:
+        # At a midpoint pick the neighbour with the even code (even index).
+        tie_idx = at_mid.int().argmax(-1)
+        tie = at_mid.any(-1)
+        up = tie_idx + 1
+        idx = torch.where(tie, torch.where(up % 2 == 0, up, tie_idx), idx)
+    else:
+        idx = torch.where(at_mid.any(-1), at_mid.int().argmax(-1) + 1, idx)
+    # A negative value that rounds to zero keeps its sign (-0 = 0b1000), as hardware casts do.
+    sign = torch.signbit(v)
+    return (idx | (sign.to(idx.dtype) << 3)).to(torch.uint8)
+
+
+def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    if codes.shape[-1] % 2:
+        codes = torch.nn.functional.pad(codes, (0, 1))
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _unpack_nibbles(packed: torch.Tensor, n: int) -> torch.Tensor:
+    out = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+    return out[..., :n]
+
+
+def _e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    mag = _E2M1_VALUES.to(codes.device)[(codes & 0x7).long()]
+    return torch.where((codes & 0x8) != 0, -mag, mag)
+
+
+# ---- scales -------------------------------------------------------------------------------
+
+def _te_scale(amax: torch.Tensor, fmt, force_pow2: bool, eps: float) -> torch.Tensor:
+    a = torch.clamp(amax, min=eps) if eps > 0 else amax
+    scale = torch.tensor(fmt.max, dtype=torch.float32, device=a.device) / a
+    scale = torch.where(torch.isinf(scale), torch.finfo(torch.float32).max, scale)
+    scale = torch.where((a == 0) | torch.isnan(a), torch.ones_like(scale), scale)
+    if force_pow2:
+        bits = scale.view(torch.int32) & ~((1 << _F32_MANT) - 1)
+        scale = bits.view(torch.float32)
+    return scale
+
+
+def _exponent_field(a: torch.Tensor) -> torch.Tensor:
+    return (a.view(torch.int32) >> _F32_MANT) & 0xFF
+
+
+def _mx_exponent(amax: torch.Tensor, fmt, mode: ScaleRounding) -> torch.Tensor:
+    """Unbiased scale exponent per block (int32), before clamping; amax > 0 and finite."""
+    mant = amax.view(torch.int32) & ((1 << _F32_MANT) - 1)
+    if mode is ScaleRounding.RCEIL:
+        ratio = amax * torch.tensor(1.0 / fmt.max, dtype=torch.float32)
+        _, e = torch.frexp(ratio)  # ratio = m * 2^e, m in [0.5, 1)
+        exact = (ratio.view(torch.int32) & ((1 << _F32_MANT) - 1)) == 0
+        return torch.where(exact & (_exponent_field(ratio) > 0), e - 1, e)
+    if mode is ScaleRounding.EVEN:
+        bumped = amax.view(torch.int32) + (1 << (_F32_MANT - fmt.mbits - 1))
+        return ((bumped >> _F32_MANT) & 0xFF) - 127 - fmt.emax
+    _, e = torch.frexp(amax)
+    floor = e - 1
+    if mode is ScaleRounding.FLOOR:
+        return floor - fmt.emax
+    normal = _exponent_field(amax) > 0
+    return floor + ((mant != 0) & normal).int() - fmt.emax  # CEIL; subnormals clamp anyway
+
+
+def _mx_rowwise(x: torch.Tensor, recipe: R.MXBlockScaling):
+    fmt = get_format(recipe.fmt)
+    m, k = x.shape
+    nb = -(-k // recipe.block)
+    xp = torch.nn.functional.pad(x.float(), (0, nb * recipe.block - k))
+    blocks = xp.reshape(m, nb, recipe.block)
+    amax = blocks.abs().amax(dim=-1) if k else torch.zeros(m, 0, device=x.device)
+    good = torch.isfinite(amax) & (amax > 0)
+    e = _mx_exponent(torch.where(good, amax, torch.ones_like(amax)), fmt, recipe.scale_rounding)
+    e = e.clamp(-127, 127)
+    biased = torch.where(amax == 0, torch.zeros_like(e), e + 127)
+    biased = torch.where(torch.isfinite(amax), biased, torch.full_like(e, 0xFF))
+    # x * 2^-e is exact in fp32 except below fp32's normal range, where every element format
+    # rounds to zero anyway; ldexp in float64 avoids a 2^127 overflow of the multiplier.
+    scaled = torch.ldexp(blocks.double(), (-e).unsqueeze(-1).double()).float()
+    if fmt.packed:
+        codes = _e2m1_codes(scaled, recipe.element_rounding)
+    else:
+        cast = _fp8_cast_rne if recipe.element_rounding is ElementRounding.RNE \
+            else _fp8_cast_ties_away
+        codes = cast(scaled, fmt).view(torch.uint8)
+    codes = torch.where((biased == 0xFF).unsqueeze(-1), torch.zeros_like(codes), codes)
+    codes = codes.reshape(m, nb * recipe.block)[:, :k]
+    data = _pack_nibbles(codes) if fmt.packed else codes.view(fmt.torch_dtype)
+    return data, biased.to(torch.uint8)
+
+
+def _fp8_rowwise(x: torch.Tensor, recipe, scale):
+    fmt = get_format(recipe.fmt)
+    x32 = x.float()
+    if isinstance(recipe, R.DelayedScaling):
+        s = expand = scale
+    elif isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "tensor":
+        s = expand = _te_scale(_amax(x).reshape(1), fmt, recipe.force_pow2_scales,
+                               recipe.amax_epsilon)
+    elif isinstance(recipe, R.Float8CurrentScaling):
+        s = _te_scale(_row_amax(x32), fmt, recipe.force_pow2_scales, recipe.amax_epsilon)
+        expand = s.unsqueeze(1)
+    else:  # Float8BlockScaling
+        bm, bn = recipe.block
+        m, k = x.shape
+        mb, nb = -(-m // bm), -(-k // bn)
+        xp = torch.nn.functional.pad(x32.abs(), (0, nb * bn - k, 0, mb * bm - m))
+        block_amax = xp.reshape(mb, bm, nb, bn).amax(dim=(1, 3)) if xp.numel() else \
+            torch.zeros(mb, nb, device=x.device)
+        s = _te_scale(block_amax, fmt, recipe.force_pow2_scales, recipe.amax_epsilon)
+        expand = s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:m, :k]
+    saturate = recipe.saturation.value == "saturate"
+    v = x32 * expand
+    codes = _fp8_cast_rne(v, fmt) if saturate else v.to(fmt.torch_dtype)
+    return codes, torch.reciprocal(s)
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return x.abs().amax().float()
+
+
+def _recipe_amax(x: torch.Tensor, recipe):
+    """The amax the recipe reports for x: per tensor, per row, or None (block / MX)."""
+    if isinstance(recipe, R.DelayedScaling) or (
+            isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "tensor"):
+        return _amax(x).reshape(1)
+    if isinstance(recipe, R.Float8CurrentScaling):
+        return _row_amax(x.float())
+    return None
+
+
+def _row_amax(x32: torch.Tensor) -> torch.Tensor:
+    if x32.shape[1] == 0:
+        return torch.zeros(x32.shape[0], device=x32.device)
+    return x32.abs().amax(dim=1)
+
+
+@BACKEND.implements("quantize", dtypes=_FLOATS)
+def quantize(x, recipe, *, rowwise, columnwise, scale):
+    out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape), amax=_recipe_amax(x, recipe))
+    if isinstance(recipe, R.MXBlockScaling):
+        one = _mx_rowwise
+    else:
+        def one(t, r):
+            return _fp8_rowwise(t, r, scale)
+    if rowwise:
+        out.data, out.scale_inv = one(x, recipe)
+    if columnwise:
+        out.columnwise_data, out.columnwise_scale_inv = one(x.t().contiguous(), recipe)
+    return out
+
+
+@BACKEND.implements("dequantize", dtypes=_FLOATS)
+def dequantize(q, *, out_dtype, columnwise):
+    data = q.columnwise_data if columnwise else q.data
+    s = q.columnwise_scale_inv if columnwise else q.scale_inv
+    rows = q.shape[1] if columnwise else q.shape[0]
+    cols = q.shape[0] if columnwise else q.shape[1]
+    recipe = q.recipe
+    fmt = get_format(recipe.fmt)
+    if fmt.packed:
+        vals = _e2m1_decode(_unpack_nibbles(data, cols))
+    else:
+        vals = data.float()
+    if isinstance(recipe, R.MXBlockScaling):
+        scale = torch.where(s == 0xFF, torch.nan, torch.ldexp(torch.ones_like(s, dtype=torch.float32),
+                                                              s.int() - 127))
+        expand = scale.repeat_interleave(recipe.block, 1)[:, :cols]
+    elif isinstance(recipe, R.Float8BlockScaling):
+        bm, bn = recipe.block
+        expand = s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:rows, :cols]
+    elif isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
+        expand = s.unsqueeze(1)
+    else:
+        expand = s
+    return (vals * expand).to(out_dtype)
+
+
+@BACKEND.implements("amax", dtypes=_FLOATS)
+def amax(x):
+    return _amax(x).reshape(1)

@@ -1,0 +1,113 @@
+"""Quantize / dequantize / amax for every recipe in :mod:`tealite.recipes`.
+
+``quantize(x, recipe, rowwise=True, columnwise=False)`` takes a 2-D x (M, K) (flatten leading
+dims first, as TE does) of fp32 / bf16 / fp16 and returns a :class:`QuantizedTensor`:
+
+=====================  ==================================================================
+field                  contents
+=====================  ==================================================================
+``data``               rowwise codes (M, K) in the format's torch dtype; for e2m1 uint8
+                       (M, ceil(K/2)), two codes per byte, low nibble = even element
+``scale_inv``          rowwise dequantization scales: float32 (1,) per tensor, (M,) per row,
+                       (ceil(M/bm), ceil(K/bn)) per block; MX: uint8 E8M0 (M, ceil(K/32))
+``columnwise_data``    the rowwise quantization of x.T, stored transposed: (K, M) codes
+``columnwise_scale_inv``  its scales, laid out as for rowwise on x.T
+``amax``               float32 amax of x: (1,) per tensor / delayed, (M,) per row; None for
+                       block and MX recipes
+=====================  ==================================================================
+
+``DelayedScaling`` needs ``scale`` (float32, shape (1,)): the scale from the amax history.
+MX recipes need the blocked dim (K rowwise, M columnwise) to be a multiple of 32, and e2m1 an
+even one, unless ``pad=True``: a partial last block then takes its amax over its real elements
+and an odd e2m1 row is padded with a zero nibble.  Block-scaled FP8 always allows partial
+edge blocks (TE does).  NaN in x: amax is NaN-propagating; per-tensor/row/block scales fall back
+to 1 (TE's rule) and the NaN element's code is the format's NaN; an MX block containing NaN or
+Inf gets the NaN scale 0xFF and its codes are unspecified.
+
+``dequantize(q, out_dtype)`` returns codes x scale (fp32 math) for the rowwise data, or for the
+columnwise data (shape (K, M)) with ``columnwise=True``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tealite import recipes as R
+from tealite import registry
+from tealite._checks import FLOAT_DTYPES, check_dtype_in, check_shape, check_tensor, require
+from tealite.formats import get_format
+
+
+@dataclass
+class QuantizedTensor:
+    recipe: object
+    shape: tuple
+    data: torch.Tensor | None = None
+    scale_inv: torch.Tensor | None = None
+    columnwise_data: torch.Tensor | None = None
+    columnwise_scale_inv: torch.Tensor | None = None
+    amax: torch.Tensor | None = None
+
+
+RECIPE_TYPES = (R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
+                R.MXBlockScaling)
+
+
+def _check_mx_dims(recipe, m: int, k: int, rowwise: bool, columnwise: bool, pad: bool) -> None:
+    if pad or not isinstance(recipe, R.MXBlockScaling):
+        return
+    packed = get_format(recipe.fmt).packed
+    for flag, name, size in ((rowwise, "K (x.shape[1]) for rowwise", k),
+                             (columnwise, "M (x.shape[0]) for columnwise", m)):
+        if flag:
+            require(size % recipe.block == 0,
+                    f"{name} MX quantization must be a multiple of {recipe.block}, got {size} "
+                    "(pass pad=True to quantize a partial last block)")
+            require(not packed or size % 2 == 0,
+                    f"{name} e2m1 packing must be even, got {size} (pass pad=True)")
+
+
+def quantize(x: torch.Tensor, recipe, *, rowwise: bool = True, columnwise: bool = False,
+             scale: torch.Tensor | None = None, pad: bool = False,
+             backend: str | None = None) -> QuantizedTensor:
+    check_tensor("x", x, ndim=2)
+    require(isinstance(recipe, RECIPE_TYPES),
+            f"recipe must be one of {[t.__name__ for t in RECIPE_TYPES]}, got "
+            f"{type(recipe).__name__}")
+    require(rowwise or columnwise, "at least one of rowwise / columnwise must be True")
+    if isinstance(recipe, R.DelayedScaling):
+        require(scale is not None, "DelayedScaling needs scale= (float32, shape (1,))")
+        check_tensor("scale", scale, dtypes=(torch.float32,))
+        check_shape("scale", scale, (1,), "one per-tensor scale")
+        require(scale.device == x.device, f"scale must be on x's device {x.device}, "
+                                          f"got {scale.device}")
+    else:
+        require(scale is None, f"scale= is only for DelayedScaling, not {type(recipe).__name__}")
+    m, k = x.shape
+    _check_mx_dims(recipe, m, k, rowwise, columnwise, pad)
+    params = dict(op="quantize", dtype=x.dtype, recipe=recipe, kind=recipe.kind, fmt=recipe.fmt,
+                  m=m, k=k, rowwise=rowwise, columnwise=columnwise,
+                  device=registry.device_kind(x.device))
+    impl = registry.dispatch("quantize", params, backend)
+    return impl.fn(x, recipe, rowwise=rowwise, columnwise=columnwise, scale=scale)
+
+
+def dequantize(q: QuantizedTensor, *, out_dtype: torch.dtype = torch.float32,
+               columnwise: bool = False, backend: str | None = None) -> torch.Tensor:
+    require(isinstance(q, QuantizedTensor), f"q must be a QuantizedTensor, got {type(q).__name__}")
+    check_dtype_in("out_dtype", out_dtype, FLOAT_DTYPES)
+    data = q.columnwise_data if columnwise else q.data
+    which = "columnwise" if columnwise else "rowwise"
+    require(data is not None, f"q has no {which} data (quantize with {which}=True)")
+    params = dict(dtype=out_dtype, kind=q.recipe.kind, fmt=q.recipe.fmt,
+                  device=registry.device_kind(data.device))
+    impl = registry.dispatch("dequantize", params, backend)
+    return impl.fn(q, out_dtype=out_dtype, columnwise=columnwise)
+
+
+def amax(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """max |x| as a float32 tensor of shape (1,), NaN-propagating (0 for an empty x)."""
+    check_tensor("x", x)
+    params = dict(dtype=x.dtype, numel=x.numel(), device=registry.device_kind(x.device))
+    return registry.dispatch("amax", params, backend).fn(x)

@@ -1,0 +1,133 @@
+"""Quantization recipes, named as TransformerEngine users know them.
+
+Each recipe names every numerics choice explicitly (format, scale granularity, scale rounding,
+element rounding, saturation); nothing is read from globals or the environment.
+
+Common scale rule for the non-MX recipes (TE's ``compute_scale_from_amax``), in fp32::
+
+    amax  = max(amax, amax_epsilon)
+    scale = fmt.max / amax                 (fp32 division)
+    scale = float32 max  if scale is inf   (amax tiny but > 0)
+    scale = 1            if amax == 0 or amax is NaN
+    scale = 2^floor(log2 scale)  if force_pow2_scales (mantissa bits cleared: rounds DOWN)
+    codes = cast(x * scale) with RNE;  scale_inv = 1 / scale (fp32) is stored
+
+MX recipes store one E8M0 scale per block of 32 consecutive elements along the row and
+codes = round(x / 2^e) with the recipe's element rounding, always saturating (OCP MX spec).
+Rowwise quantization blocks along the last dim; columnwise quantization is the rowwise
+quantization of x.T, stored transposed as (K, M) (a cast-transpose).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
+
+
+@dataclass(frozen=True)
+class Float8CurrentScaling:
+    """Per-tensor (or per-row / per-token) scale from the amax of the tensor being cast."""
+
+    fmt: str = "e4m3"
+    granularity: str = "tensor"  # "tensor" | "row"
+    force_pow2_scales: bool = False
+    amax_epsilon: float = 0.0
+    saturation: Saturation = Saturation.SATURATE
+    kind = "current"
+
+    def __post_init__(self):
+        _check_fp8(self.fmt)
+        if self.granularity not in ("tensor", "row"):
+            raise ValueError(f"granularity must be 'tensor' or 'row', got {self.granularity!r}")
+
+
+@dataclass(frozen=True)
+class Float8BlockScaling:
+    """TE's Float8BlockScaling: 1x128 blocks (activations) or 128x128 blocks (weights)."""
+
+    fmt: str = "e4m3"
+    block: tuple[int, int] = (1, 128)
+    force_pow2_scales: bool = True
+    amax_epsilon: float = 0.0
+    saturation: Saturation = Saturation.SATURATE
+    kind = "block"
+
+    def __post_init__(self):
+        _check_fp8(self.fmt)
+        if tuple(self.block) not in ((1, 128), (128, 128)):
+            raise ValueError(f"block must be (1, 128) or (128, 128), got {self.block!r}")
+
+
+@dataclass(frozen=True)
+class DelayedScaling:
+    """Per-tensor scale taken from an amax history; ``quantize`` uses the scale it is given
+    and reports the new amax; ``delayed_scaling_update`` rolls the history."""
+
+    fmt: str = "e4m3"
+    margin: int = 0
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"  # "max" | "most_recent"
+    saturation: Saturation = Saturation.SATURATE
+    kind = "delayed"
+
+    def __post_init__(self):
+        _check_fp8(self.fmt)
+        if self.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError("amax_compute_algo must be 'max' or 'most_recent', "
+                             f"got {self.amax_compute_algo!r}")
+        if self.amax_history_len < 1:
+            raise ValueError(f"amax_history_len must be >= 1, got {self.amax_history_len}")
+
+
+@dataclass(frozen=True)
+class MXBlockScaling:
+    """OCP MX block scaling: one E8M0 scale per 32 elements along the row."""
+
+    fmt: str = "e4m3"
+    scale_rounding: ScaleRounding = ScaleRounding.RCEIL
+    element_rounding: ElementRounding = ElementRounding.RNE
+    block: int = 32
+    kind = "mx"
+
+    def __post_init__(self):
+        get_format(self.fmt)
+        if self.block != 32:
+            raise ValueError(f"MX block must be 32, got {self.block}")
+
+
+def MXFP8BlockScaling(fmt: str = "e4m3", scale_rounding=ScaleRounding.RCEIL,
+                      element_rounding=ElementRounding.RNE) -> MXBlockScaling:
+    """TE's MXFP8 recipe (RCEIL scales, RNE elements) by default."""
+    _check_fp8(fmt)
+    return MXBlockScaling(fmt, ScaleRounding(scale_rounding), ElementRounding(element_rounding))
+
+
+def MXFP4BlockScaling(scale_rounding=ScaleRounding.FLOOR,
+                      element_rounding=ElementRounding.RNE) -> MXBlockScaling:
+    """MXFP4 (E2M1 elements); FLOOR scales and RNE elements (OCP spec, torchao) by default.
+    AITER's Triton kernels use EVEN + TIES_AWAY; its HIP path differs again (NUMERICS.md)."""
+    return MXBlockScaling("e2m1", ScaleRounding(scale_rounding), ElementRounding(element_rounding))
+
+
+Recipe = Float8CurrentScaling | Float8BlockScaling | DelayedScaling | MXBlockScaling
+
+
+def _check_fp8(fmt: str) -> None:
+    f = get_format(fmt)
+    if f.bits != 8:
+        raise ValueError(f"this recipe needs an FP8 format, got {fmt!r}")
+
+
+def describe(recipe) -> str:
+    """A short stable name used in case descriptions and reports."""
+    if isinstance(recipe, MXBlockScaling):
+        return (f"mx[{recipe.fmt},{recipe.scale_rounding.value},"
+                f"{recipe.element_rounding.value}]")
+    if isinstance(recipe, Float8CurrentScaling):
+        return f"current[{recipe.fmt},{recipe.granularity},pow2={recipe.force_pow2_scales}]"
+    if isinstance(recipe, Float8BlockScaling):
+        return f"block[{recipe.fmt},{recipe.block[0]}x{recipe.block[1]}," \
+               f"pow2={recipe.force_pow2_scales}]"
+    if isinstance(recipe, DelayedScaling):
+        return f"delayed[{recipe.fmt},margin={recipe.margin},{recipe.amax_compute_algo}]"
+    raise TypeError(f"not a recipe: {recipe!r}")

@@ -1,0 +1,271 @@
+"""Bit-exact reference quantizers: numpy, with ml_dtypes as the oracle for every cast.
+
+Every rounding decision is explicit in a name or argument.  Arithmetic that the recipe defines
+in fp32 (TE's ``fp8_max / amax``, ``x * scale``, RCEIL's ``amax * (1/max)``) is done in numpy
+float32, which is IEEE round-to-nearest-even, so the result is the bit pattern a correct kernel
+must produce.  ml_dtypes casts are fed float32 only: its float64 casts round twice (through
+float32), which would be wrong for values not representable in float32.
+
+Formats are looked up in ml_dtypes by name; format facts (max, emax, mantissa width) come from
+``ml_dtypes.finfo``, not from tealite's own table.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+ML_DTYPES = {
+    "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+    "e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+    "e2m1": ml_dtypes.float4_e2m1fn,
+}
+F32 = np.float32
+E8M0_NAN = 0xFF
+
+
+def fmt_max(fmt: str) -> float:
+    return float(ml_dtypes.finfo(ML_DTYPES[fmt]).max)
+
+
+def fmt_emax(fmt: str) -> int:
+    """Exponent of the largest power of two <= max (the MX spec's emax_elem)."""
+    return int(np.frexp(fmt_max(fmt))[1]) - 1
+
+
+def fmt_mbits(fmt: str) -> int:
+    return int(ml_dtypes.finfo(ML_DTYPES[fmt]).nmant)
+
+
+# ---- element rounding --------------------------------------------------------------------
+
+def round_elements(v, fmt: str, *, rounding: str = "rne", saturate: bool = True) -> np.ndarray:
+    """Round float32 values to ``fmt`` codes (an ml_dtypes array).
+
+    ``rounding``: "rne" or "ties_away".  ``saturate``: clamp finite values beyond max to
+    +-max first (NaN stays NaN); otherwise ml_dtypes' overflow behaviour (NaN, or inf for
+    e5m2) applies.
+    """
+    v = np.asarray(v, dtype=F32)
+    ml = ML_DTYPES[fmt]
+    if saturate:
+        m = F32(fmt_max(fmt))
+        v = np.where(np.isnan(v), v, np.clip(v, -m, m)).astype(F32)
+    q = v.astype(ml)
+    if rounding == "ties_away":
+        q64, v64 = q.astype(np.float64), v.astype(np.float64)
+        other = 2.0 * v64 - q64  # the other candidate if v is a midpoint (exact in float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            other_q = other.astype(F32).astype(ml)
+            tie = (np.isfinite(v64) & (v64 != q64) & (other_q.astype(np.float64) == other)
+                   & (np.abs(other) > np.abs(q64)))
+        q = np.where(tie, other_q, q)
+    elif rounding != "rne":
+        raise ValueError(f"unknown element rounding {rounding!r}")
+    return q
+
+
+def codes_to_bits(q: np.ndarray) -> np.ndarray:
+    """Bit patterns (uint8) of an ml_dtypes FP8/FP4 array."""
+    bits = np.ascontiguousarray(q).view(np.uint8)
+    return bits & 0x0F if q.dtype == ML_DTYPES["e2m1"] else bits
+
+
+def pack_e2m1(bits: np.ndarray) -> np.ndarray:
+    """Pack 4-bit codes along the last dim, two per byte, low nibble = even element.
+    An odd last dim is padded with a zero nibble."""
+    bits = np.asarray(bits, dtype=np.uint8)
+    if bits.shape[-1] % 2:
+        bits = np.concatenate([bits, np.zeros(bits.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (bits[..., 0::2] | (bits[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_e2m1(packed: np.ndarray, n: int) -> np.ndarray:
+    packed = np.asarray(packed, dtype=np.uint8)
+    out = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
+    return out[..., :n]
+
+
+def decode(bits: np.ndarray, fmt: str) -> np.ndarray:
+    """float64 values of code bit patterns."""
+    return np.asarray(bits, np.uint8).view(ML_DTYPES[fmt]).astype(np.float64) \
+        if fmt != "e2m1" else (np.asarray(bits, np.uint8) & 0x0F).view(
+            ML_DTYPES["e2m1"]).astype(np.float64)
+
+
+# ---- E8M0 scales (MX) ----------------------------------------------------------------------
+
+def _floor_log2(a: np.ndarray) -> np.ndarray:
+    """floor(log2 a) for positive finite float32 values, exact (subnormals included)."""
+    return (np.frexp(a.astype(np.float64))[1] - 1).astype(np.int64)
+
+
+def _is_pow2(a: np.ndarray) -> np.ndarray:
+    return np.frexp(a.astype(np.float64))[0] == 0.5
+
+
+def e8m0_scale(amax, fmt: str, mode: str) -> np.ndarray:
+    """Biased E8M0 scale bytes for block amaxes (float32), per ScaleRounding ``mode``.
+
+    amax == 0 gives byte 0 (2^-127, the clamp floor); NaN or Inf amax gives 0xFF (NaN).
+    Exponents are clamped to [-127, 127].
+    """
+    a = np.asarray(amax, dtype=F32)
+    finite_pos = np.isfinite(a) & (a > 0)
+    safe = np.where(finite_pos, a, F32(1.0)).astype(F32)
+    emax = fmt_emax(fmt)
+    if mode == "floor":
+        e = _floor_log2(safe) - emax
+    elif mode == "ceil":
+        e = _floor_log2(safe) + (~_is_pow2(safe)) - emax
+    elif mode == "even":
+        # Round amax half-up at the element's mantissa width, clear the mantissa, then FLOOR.
+        mbits = fmt_mbits(fmt)
+        bits = safe.view(np.uint32).astype(np.uint64)
+        bits = bits + (1 << (23 - mbits - 1))
+        e = ((bits >> 23) & 0xFF).astype(np.int64) - 127 - emax  # subnormal: field 0
+    elif mode == "rceil":
+        ratio = safe * (F32(1.0) / F32(fmt_max(fmt)))  # both steps rounded in fp32
+        e = _floor_log2(ratio) + (~_is_pow2(ratio))
+    else:
+        raise ValueError(f"unknown scale rounding {mode!r}")
+    biased = np.clip(e, -127, 127) + 127
+    biased = np.where(a == 0, 0, biased)
+    biased = np.where(np.isnan(a) | np.isinf(a), E8M0_NAN, biased)
+    return biased.astype(np.uint8)
+
+
+def e8m0_value(biased: np.ndarray) -> np.ndarray:
+    b = np.asarray(biased, dtype=np.int64)
+    return np.where(b == E8M0_NAN, np.nan, np.ldexp(1.0, b - 127))
+
+
+def _blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, int]:
+    m, k = x.shape
+    nb = -(-k // block)
+    padded = np.zeros((m, nb * block), dtype=x.dtype)
+    padded[:, :k] = x
+    return padded.reshape(m, nb, block), nb
+
+
+def mx_quantize(x, fmt: str, scale_mode: str, element_rounding: str, block: int = 32):
+    """Rowwise MX quantization of a 2-D float32 array.
+
+    Returns (code bits uint8 (M, K) -- unpacked for e2m1 --, scale bytes uint8 (M, ceil(K/32))).
+    A partial last block takes its amax over its real elements.  Codes in a block whose scale
+    is NaN are unspecified (set to 0 here) and are not compared by the harness.
+    """
+    x = np.asarray(x, dtype=F32)
+    m, k = x.shape
+    blocks, nb = _blocks(x, block)
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.abs(blocks), axis=-1) if k else np.zeros((m, 0), F32)
+    scales = e8m0_scale(amax, fmt, scale_mode)
+    return mx_codes_with_scales(x, scales, fmt, element_rounding, block), scales
+
+
+def mx_scaled_values(x, scales, block: int = 32) -> np.ndarray:
+    """x / 2^e per block in float64 (exact), shape (M, K); NaN where the scale is NaN."""
+    x = np.asarray(x, dtype=F32)
+    m, k = x.shape
+    blocks, nb = _blocks(x, block)
+    scaled = blocks.astype(np.float64) / e8m0_value(scales)[..., None]
+    return scaled.reshape(m, nb * block)[:, :k]
+
+
+def mx_codes_with_scales(x, scales, fmt: str, element_rounding: str, block: int = 32):
+    """Code bits (M, K) of x quantized with the given E8M0 scales (the re-quantization the
+    E8M0-adjusted tolerance tier uses).  Codes under a NaN scale are 0 (unspecified)."""
+    scaled = mx_scaled_values(x, scales, block)
+    # Exact in float64; values below float32's range round to 0 in every element format.
+    with np.errstate(invalid="ignore", over="ignore"):
+        codes = round_elements(scaled.astype(F32), fmt, rounding=element_rounding, saturate=True)
+    bits = codes_to_bits(codes)
+    nan_scale = np.repeat(np.asarray(scales) == E8M0_NAN, block, axis=-1)[:, : bits.shape[1]]
+    return np.where(nan_scale, 0, bits).astype(np.uint8)
+
+
+def mx_dequantize(bits, scales, fmt: str, block: int = 32) -> np.ndarray:
+    """float64 values of MX codes (unpacked bits (M, K)) and E8M0 scales (M, nb)."""
+    vals = decode(bits, fmt)
+    scale = np.repeat(e8m0_value(scales), block, axis=-1)[:, : vals.shape[-1]]
+    return vals * scale
+
+
+# ---- FP8 with fp32 scales (current / per-row / block / delayed) ------------------------------
+
+def te_scale_from_amax(amax, fmt: str, *, force_pow2: bool = False,
+                       amax_epsilon: float = 0.0) -> np.ndarray:
+    """TE's compute_scale_from_amax, in float32 (see tealite.recipes)."""
+    a = np.maximum(np.asarray(amax, dtype=F32), F32(amax_epsilon))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = (F32(fmt_max(fmt)) / a).astype(F32)
+    s = np.where(np.isinf(s), np.finfo(F32).max, s)
+    s = np.where((a == 0) | np.isnan(a), F32(1.0), s).astype(F32)
+    if force_pow2:
+        s = np.ldexp(F32(1.0), _floor_log2(s)).astype(F32)
+    return s
+
+
+def scaled_cast(x, scale, fmt: str, *, saturate: bool = True) -> np.ndarray:
+    """Code bits of round_rne(x * scale) with the product rounded in float32."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = (np.asarray(x, dtype=F32) * np.asarray(scale, dtype=F32)).astype(F32)
+    return codes_to_bits(round_elements(v, fmt, rounding="rne", saturate=saturate))
+
+
+def reciprocal(scale) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return (F32(1.0) / np.asarray(scale, dtype=F32)).astype(F32)
+
+
+def amax(x, axis=None) -> np.ndarray:
+    """max |x| in float32 (exact), NaN-propagating; 0 for an empty reduction."""
+    x = np.abs(np.asarray(x, dtype=F32))
+    if x.size == 0:
+        shape = () if axis is None else tuple(s for i, s in enumerate(x.shape)
+                                              if i != axis % x.ndim)
+        return np.zeros(shape, F32)
+    return np.max(x, axis=axis).astype(F32)
+
+
+def block_amax(x, block: tuple[int, int]) -> np.ndarray:
+    """amax per (bm, bn) block of a 2-D float32 array; partial edge blocks use real elements."""
+    x = np.abs(np.asarray(x, dtype=F32))
+    m, k = x.shape
+    bm, bn = block
+    mb, nb = -(-m // bm), -(-k // bn)
+    padded = np.zeros((mb * bm, nb * bn), F32)
+    padded[:m, :k] = x
+    return padded.reshape(mb, bm, nb, bn).max(axis=(1, 3)) if padded.size else \
+        np.zeros((mb, nb), F32)
+
+
+def fp8_quantize(x, fmt: str, granularity: str, *, scale=None, force_pow2: bool = False,
+                 amax_epsilon: float = 0.0, saturate: bool = True, block=None):
+    """Rowwise FP8 quantization with fp32 scales.
+
+    granularity: "tensor" (scale (1,)), "row" (scale (M,)), "block" (scale per ``block``),
+    "given" (per-tensor with the given ``scale``, i.e. DelayedScaling).
+    Returns (code bits (M, K), scale_inv float32, amax float32).
+    """
+    x = np.asarray(x, dtype=F32)
+    if granularity == "tensor":
+        a = amax(x).reshape(1)
+        s = te_scale_from_amax(a, fmt, force_pow2=force_pow2, amax_epsilon=amax_epsilon)
+        expand = s[0]
+    elif granularity == "given":
+        a = amax(x).reshape(1)
+        s = np.asarray(scale, dtype=F32).reshape(1)
+        expand = s[0]
+    elif granularity == "row":
+        a = amax(x, axis=1)
+        s = te_scale_from_amax(a, fmt, force_pow2=force_pow2, amax_epsilon=amax_epsilon)
+        expand = s[:, None]
+    elif granularity == "block":
+        a = block_amax(x, block)
+        s = te_scale_from_amax(a, fmt, force_pow2=force_pow2, amax_epsilon=amax_epsilon)
+        expand = np.repeat(np.repeat(s, block[0], axis=0), block[1], axis=1)[: x.shape[0],
+                                                                              : x.shape[1]]
+    else:
+        raise ValueError(f"unknown granularity {granularity!r}")
+    return scaled_cast(x, expand, fmt, saturate=saturate), reciprocal(s), a
