@@ -8,7 +8,7 @@ Common scale rule for the non-MX recipes (TE's ``compute_scale_from_amax``), in 
     amax  = max(amax, amax_epsilon)
     scale = fmt.max / amax                 (fp32 division)
     scale = float32 max  if scale is inf   (amax tiny but > 0)
-    scale = 1            if amax == 0 or amax is NaN
+    scale = 1            if amax is 0, NaN or Inf
     scale = 2^floor(log2 scale)  if force_pow2_scales (mantissa bits cleared: rounds DOWN)
     codes = cast(x * scale) with RNE;  scale_inv = 1 / scale (fp32) is stored
 

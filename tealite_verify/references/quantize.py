@@ -200,7 +200,7 @@ def te_scale_from_amax(amax, fmt: str, *, force_pow2: bool = False,
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s = (F32(fmt_max(fmt)) / a).astype(F32)
     s = np.where(np.isinf(s), np.finfo(F32).max, s)
-    s = np.where((a == 0) | np.isnan(a), F32(1.0), s).astype(F32)
+    s = np.where((a == 0) | np.isnan(a) | np.isinf(a), F32(1.0), s).astype(F32)
     if force_pow2:
         s = np.ldexp(F32(1.0), _floor_log2(s)).astype(F32)
     return s

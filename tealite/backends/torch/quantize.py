@@ -80,7 +80,7 @@ def _te_scale(amax: torch.Tensor, fmt, force_pow2: bool, eps: float) -> torch.Te
     a = torch.clamp(amax, min=eps) if eps > 0 else amax
     scale = torch.tensor(fmt.max, dtype=torch.float32, device=a.device) / a
     scale = torch.where(torch.isinf(scale), torch.finfo(torch.float32).max, scale)
-    scale = torch.where((a == 0) | torch.isnan(a), torch.ones_like(scale), scale)
+    scale = torch.where((a == 0) | ~torch.isfinite(a), torch.ones_like(scale), scale)
     if force_pow2:
         bits = scale.view(torch.int32) & ~((1 << _F32_MANT) - 1)
         scale = bits.view(torch.float32)
