@@ -4,6 +4,7 @@ from tealite.errors import BackendUnavailable, TealiteArgumentError, Unsupported
 from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
 from tealite.ops.gemm import GemmOutput, gemm
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.quantize import QuantizedTensor, amax, dequantize, quantize
 from tealite.registry import Backend, backends, get_backend, register_backend
 
@@ -12,5 +13,6 @@ __version__ = "0.1.0"
 __all__ = [
     "gemm", "GemmOutput", "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "act_fwd", "act_bwd", "dbias_dact", "DbiasDact", "Backend", "register_backend",
-    "backends", "get_backend", "quantize", "dequantize", "amax", "QuantizedTensor", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
+    "backends", "get_backend", "quantize", "dequantize", "amax", "QuantizedTensor",
+    "qgemm", "QGemmOutput", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
 ]

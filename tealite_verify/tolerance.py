@@ -33,7 +33,9 @@ Pairwise backend-vs-backend comparison uses the sum of the two backends' bounds.
 
 Declared numerics (``Backend.implements(numerics=...)``) read here:
 ``compute_dtype`` (default float32), ``accumulator_rounded_to`` (dtype), ``matmul_input_rounding``
-("tf32"), ``partial_sums_rounded_to`` (dtype).  Every operation also gets an absolute
+("tf32"), ``partial_sums_rounded_to`` (dtype), ``accumulator_unit_roundoff`` (float, e.g. 2^-14
+for Hopper FP8 WGMMA), ``operands_dequantized_to`` (dtype: quantized operands were dequantized
+with one rounding before the matmul).  Every operation also gets an absolute
 underflow term (Higham's eta, widened to the smallest normal: see ``underflow_error``).
 
 Overflow: where the reference lies beyond the output dtype's overflow threshold by more than the
@@ -285,8 +287,11 @@ def gemm_error(p_abs, p, k: int, in_dtype, numerics: Mapping[str, Any]) -> np.nd
 
     ``p_abs`` = |op(B)| @ |op(A)| and ``p`` = the exact product, both float64.
     """
-    u_acc = unit_roundoff(torch.float32)
+    u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))
     coef = gamma(k, u_acc) if k > 0 else 0.0
+    if numerics.get("operands_dequantized_to") is not None:
+        # Each operand was rounded once (code x scale) before an exact product.
+        coef = coef + 2 * unit_roundoff(numerics["operands_dequantized_to"])
     # Products that underflow (or are flushed) lose up to the smallest normal each.
     eta = k * underflow_error(torch.float32)
     if numerics.get("matmul_input_rounding") == "tf32":

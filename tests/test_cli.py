@@ -11,9 +11,9 @@ def test_run_all_ops_passes_on_torch(capsys):
     assert main(["run", "--examples", "2"]) == 0
     out = capsys.readouterr().out
     for op in ("gemm", "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
-               "act_fwd", "act_bwd", "dbias_dact"):
+               "act_fwd", "act_bwd", "dbias_dact", "quantize", "dequantize", "amax", "qgemm"):
         assert op in out
-    assert "backends that ran: torch" in out
+    assert "backends that ran: scaled_mm, torch" in out
 
 
 def test_run_writes_json(tmp_path, capsys):
@@ -39,5 +39,5 @@ def test_drawn_cases_are_reproducible_from_seed():
 def test_list_shows_ops_and_backends(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split()[:2] == ["op", "torch"]
+    assert out.splitlines()[0].split()[:3] == ["op", "scaled_mm", "torch"]
     assert "gemm" in out

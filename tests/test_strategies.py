@@ -7,6 +7,7 @@ quietly weakening every differential test that draws from it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -425,7 +426,12 @@ def test_norm_cases_cover_edges(op):
 
 def _same_inputs(a: dict, b: dict) -> bool:
     def same(x, y):
-        return same_bits(x, y) if isinstance(x, torch.Tensor) else x == y
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and same_bits(x, y)
+        if dataclasses.is_dataclass(x):  # e.g. a QuantizedTensor built by make_inputs
+            return type(x) is type(y) and all(
+                same(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))
+        return x == y
     return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
 
 

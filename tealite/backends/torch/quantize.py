@@ -65,7 +65,8 @@ def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_nibbles(packed: torch.Tensor, n: int) -> torch.Tensor:
-    out = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+    out = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(
+        *packed.shape[:-1], 2 * packed.shape[-1])
     return out[..., :n]
 
 

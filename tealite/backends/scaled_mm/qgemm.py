@@ -1,0 +1,99 @@
+"""FP8 quantized GEMM through torch._scaled_mm.
+
+``_scaled_mm(mat1 (M, K) row-major, mat2 (K, N) column-major, scale_a, scale_b)`` computes
+``(mat1 @ mat2) * scale_a * scale_b`` with fp32 accumulation; scales are dequantization
+scales: a 0-d tensor (per tensor) or (M, 1) / (1, N) (rowwise; bf16 output only on CUDA).
+cuBLASLt rejects K or N that are not multiples of 16, so both are zero-padded (zero codes add
+nothing to the products) on every device -- also on the CPU, where it is not needed, so that
+CI exercises the padding -- and the output is sliced back.  ``meta["padded"]`` says so.
+"""
+from __future__ import annotations
+
+import torch
+
+from tealite import recipes as R
+from tealite.backends.scaled_mm import BACKEND
+
+_ALIGN = 16
+
+
+def _is_rowwise(recipe) -> bool:
+    return isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row"
+
+
+def _why_not(params) -> str | None:
+    if params["kind"] != "fp8":
+        return "only FP8 per-tensor / per-row scaling (no block or MX scales)"
+    fnuz = {params["fmt_a"], params["fmt_b"]} & {"e4m3fnuz", "e5m2fnuz"}
+    hip = torch.version.hip is not None
+    if fnuz and not hip:
+        return "FNUZ FP8 needs ROCm (gfx942)"
+    if hip and not fnuz and params["device"] == "cuda":
+        arch = torch.cuda.get_device_properties(0).gcnArchName
+        if arch.startswith("gfx942"):
+            return "gfx942 computes FNUZ FP8 only"
+    if params["fmt_a"] == "e5m2" and params["fmt_b"] == "e5m2":
+        return "e5m2 x e5m2 is not supported by cuBLASLt"
+    rowwise = _is_rowwise(params["recipe_a"]) or _is_rowwise(params["recipe_b"])
+    if rowwise and params["device"] == "cuda" and (params["out_dtype"] != torch.bfloat16
+                                                   or params["bias"]):
+        return ("rowwise scales need a bfloat16 result on CUDA (and a bias needs an fp32 one "
+                "to be added with a single rounding)")
+    return None
+
+
+def _numerics(params) -> dict:
+    numerics = {"compute_dtype": torch.float32}
+    if params["device"] == "cuda" and torch.version.hip is None:
+        # Hopper FP8 WGMMA keeps ~14 mantissa bits in its accumulator between promotions
+        # (DeepSeek-V3 report); model the whole sum at that precision.
+        numerics["accumulator_unit_roundoff"] = 2.0 ** -14
+    return numerics
+
+
+def _pad_to(t: torch.Tensor, dim: int, align: int) -> torch.Tensor:
+    extra = -t.shape[dim] % align
+    if not extra:
+        return t
+    pad = [0, 0] * t.dim()
+    pad[2 * (t.dim() - 1 - dim) + 1] = extra
+    return torch.nn.functional.pad(t.view(torch.uint8), pad).view(t.dtype)
+
+
+def _scale(scales: torch.Tensor, recipe, rows: int, as_column: bool) -> torch.Tensor:
+    s = scales.float().reshape(-1)
+    if not _is_rowwise(recipe):
+        s = s.expand(rows)
+    return (s.reshape(rows, 1) if as_column else s.reshape(1, rows)).contiguous()
+
+
+@BACKEND.implements("qgemm", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+                    check=_why_not, numerics=_numerics)
+def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
+          bias):
+    a = _pad_to(_pad_to(a_codes, 1, _ALIGN), 0, _ALIGN)  # (N', K')
+    b = _pad_to(b_codes, 1, _ALIGN)  # (M, K')
+    meta = {}
+    padded = {d: [v, p] for d, v, p in (("k", k, a.shape[1]), ("n", n, a.shape[0])) if p != v}
+    if padded:
+        meta["padded"] = padded
+    both_tensor = not (_is_rowwise(recipe_a) or _is_rowwise(recipe_b))
+    if both_tensor:
+        scale_b, scale_a = b_scales.float().reshape(()), a_scales.float().reshape(())
+    else:
+        scale_b = _scale(b_scales, recipe_b, m, as_column=True)
+        scale_a = torch.nn.functional.pad(_scale(a_scales, recipe_a, n, as_column=False),
+                                          (0, a.shape[0] - n), value=1.0).contiguous()
+    if m == 0 or k == 0:
+        out = torch.zeros(m, n, dtype=torch.float32, device=a.device)
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(out_dtype), meta
+    # With a bias, take the fp32 result and round once after adding it (an unfused bias on a
+    # rounded output would round twice).
+    mm_dtype = torch.float32 if bias is not None else out_dtype
+    out = torch._scaled_mm(b, a.t(), scale_a=scale_b, scale_b=scale_a, out_dtype=mm_dtype)
+    out = out[:, :n]
+    if bias is not None:
+        out = (out + bias.float()).to(out_dtype)
+    return out, meta
