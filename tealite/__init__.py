@@ -3,6 +3,8 @@ ROCm/AITER, Triton, torch._scaled_mm and PyTorch, behind one functional op API."
 from tealite.errors import BackendUnavailable, TealiteArgumentError, UnsupportedCase
 from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
 from tealite.ops.gemm import GemmOutput, gemm
+from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_e8m0_scales,
+                                 unshuffle_weight)
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.quantize import QuantizedTensor, amax, dequantize, quantize
@@ -14,5 +16,6 @@ __all__ = [
     "gemm", "GemmOutput", "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "act_fwd", "act_bwd", "dbias_dact", "DbiasDact", "Backend", "register_backend",
     "backends", "get_backend", "quantize", "dequantize", "amax", "QuantizedTensor",
-    "qgemm", "QGemmOutput", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
+    "qgemm", "QGemmOutput", "shuffle_weight", "unshuffle_weight", "shuffle_e8m0_scales",
+    "unshuffle_e8m0_scales", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
 ]

@@ -114,6 +114,7 @@ class Metrics:
     nonfinite_mismatches: int = 0
     shape_error: str | None = None
     excused: int = 0  # elements a tier's documented exception accepted (reported, not hidden)
+    note: str | None = None  # what the tier saw but does not judge (e.g. padding contents)
 
     @property
     def passed(self) -> bool:
@@ -131,6 +132,8 @@ class Metrics:
             s += f", {self.nonfinite_mismatches} NaN/Inf mismatches"
         if self.excused:
             s += f", {self.excused} excused by the tier's rule"
+        if self.note:
+            s += f" ({self.note})"
         return s
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,4 +9,4 @@ BACKEND = register_backend(Backend(
     description="PyTorch reference-quality fallback: fp32 internal math, any device torch runs on",
 ))
 
-from tealite.backends.torch import activations, gemm, norms, qgemm, quantize  # noqa: E402,F401,I001
+from tealite.backends.torch import activations, gemm, layouts, norms, qgemm, quantize  # noqa: E402,F401,I001
