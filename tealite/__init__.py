@@ -7,7 +7,8 @@ from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_
                                  unshuffle_weight)
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
-from tealite.ops.quantize import QuantizedTensor, amax, dequantize, quantize
+from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
+                                  quantize)
 from tealite.registry import Backend, backends, get_backend, register_backend
 
 __version__ = "0.1.0"
@@ -15,7 +16,7 @@ __version__ = "0.1.0"
 __all__ = [
     "gemm", "GemmOutput", "layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "act_fwd", "act_bwd", "dbias_dact", "DbiasDact", "Backend", "register_backend",
-    "backends", "get_backend", "quantize", "dequantize", "amax", "QuantizedTensor",
+    "backends", "get_backend", "quantize", "dequantize", "amax", "QuantizedTensor", "delayed_scaling_update",
     "qgemm", "QGemmOutput", "shuffle_weight", "unshuffle_weight", "shuffle_e8m0_scales",
     "unshuffle_e8m0_scales", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
 ]

@@ -110,6 +110,50 @@ def MXFP4BlockScaling(scale_rounding=ScaleRounding.FLOOR,
 
 
 Recipe = Float8CurrentScaling | Float8BlockScaling | DelayedScaling | MXBlockScaling
+TENSOR_TYPES = ("input", "weight", "grad_output", "output", "grad_input")
+
+
+@dataclass(frozen=True)
+class Role:
+    """Where a tensor sits: the module type (e.g. "Linear"), the tensor type (one of
+    TENSOR_TYPES) and the module's name (e.g. "layers.3.fc1")."""
+
+    module_type: str
+    tensor_type: str
+    name: str = ""
+
+    def __post_init__(self):
+        if self.tensor_type not in TENSOR_TYPES:
+            raise ValueError(f"tensor_type must be one of {TENSOR_TYPES}, "
+                             f"got {self.tensor_type!r}")
+
+
+@dataclass(frozen=True)
+class CustomRecipe:
+    """A recipe chosen per tensor: ``qfactory(role)`` returns the recipe (quantizer) for that
+    role, or None to leave the tensor in high precision.  Outputs and grad-inputs may map to
+    None; inputs, weights and grad-outputs must get a recipe."""
+
+    qfactory: object
+    kind = "custom"
+
+
+def resolve(recipe, role: Role):
+    """The concrete recipe for ``role``: a built-in recipe applies to every role; a
+    CustomRecipe asks its factory and checks the answer."""
+    if not isinstance(recipe, CustomRecipe):
+        return recipe
+    got = recipe.qfactory(role)
+    if got is None:
+        if role.tensor_type in ("output", "grad_input"):
+            return None
+        raise ValueError(f"qfactory returned None for {role}: inputs, weights and grad_outputs "
+                         "need a recipe")
+    if isinstance(got, CustomRecipe) or not isinstance(
+            got, (Float8CurrentScaling, Float8BlockScaling, DelayedScaling, MXBlockScaling)):
+        raise TypeError(f"qfactory must return a built-in recipe or None for {role}, "
+                        f"got {type(got).__name__}")
+    return got
 
 
 def _check_fp8(fmt: str) -> None:

@@ -111,3 +111,31 @@ def amax(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     check_tensor("x", x)
     params = dict(dtype=x.dtype, numel=x.numel(), device=registry.device_kind(x.device))
     return registry.dispatch("amax", params, backend).fn(x)
+
+
+def delayed_scaling_update(amax_history: torch.Tensor, scale: torch.Tensor, recipe, *,
+                           backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One DelayedScaling step, as TE's amax_and_scale_update.
+
+    ``amax_history`` (H,) float32 holds the newest amax in slot 0 (written by the cast);
+    ``scale`` (1,) float32 is the scale in use.  Returns (new_history, new_scale)::
+
+        amax      = history[0] if amax_compute_algo == "most_recent" else max(history)
+        new_scale = (fmt.max / amax) / 2^margin      (two fp32 divisions)
+        new_scale = scale  where amax is 0, negative, NaN or Inf
+        new_history = roll(history, -1); new_history[0] = 0
+
+    max(history) is NaN-propagating.
+    """
+    require(isinstance(recipe, R.DelayedScaling),
+            f"recipe must be DelayedScaling, got {type(recipe).__name__}")
+    check_tensor("amax_history", amax_history, ndim=1, dtypes=(torch.float32,))
+    check_shape("amax_history", amax_history, (recipe.amax_history_len,),
+                "recipe.amax_history_len")
+    check_tensor("scale", scale, dtypes=(torch.float32,))
+    check_shape("scale", scale, (1,), "one per-tensor scale")
+    require(scale.device == amax_history.device, "scale and amax_history must share a device")
+    params = dict(dtype=torch.float32, fmt=recipe.fmt,
+                  device=registry.device_kind(scale.device))
+    impl = registry.dispatch("delayed_scaling_update", params, backend)
+    return impl.fn(amax_history, scale, recipe)

@@ -269,3 +269,16 @@ def fp8_quantize(x, fmt: str, granularity: str, *, scale=None, force_pow2: bool 
     else:
         raise ValueError(f"unknown granularity {granularity!r}")
     return scaled_cast(x, expand, fmt, saturate=saturate), reciprocal(s), a
+
+
+def delayed_scaling_update(history, scale, fmt: str, margin: int, algo: str):
+    """TE's amax_and_scale_update in float32 (see tealite.ops.quantize)."""
+    h = np.asarray(history, dtype=F32)
+    amax = h[0] if algo == "most_recent" else (np.nan if np.isnan(h).any() else h.max())
+    amax = F32(amax)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        new = F32(F32(fmt_max(fmt)) / amax) / F32(2.0 ** margin)
+    keep = not (amax > 0) or not np.isfinite(amax)
+    new_scale = np.asarray(scale, dtype=F32).reshape(1) if keep else np.array([new], F32)
+    new_history = np.concatenate([[F32(0)], h[2:], h[:1]]) if h.size > 1 else np.zeros(1, F32)
+    return new_history.astype(F32), new_scale.astype(F32)

@@ -230,3 +230,16 @@ def dequantize(q, *, out_dtype, columnwise):
 @BACKEND.implements("amax", dtypes=_FLOATS)
 def amax(x):
     return _amax(x).reshape(1)
+
+
+@BACKEND.implements("delayed_scaling_update", dtypes=(torch.float32,))
+def delayed_scaling_update(history, scale, recipe):
+    fmt = get_format(recipe.fmt)
+    amax = history[:1] if recipe.amax_compute_algo == "most_recent" else history.max().reshape(1)
+    new = torch.tensor([fmt.max], dtype=torch.float32, device=history.device) / amax
+    new = new / torch.tensor([2.0 ** recipe.margin], dtype=torch.float32, device=history.device)
+    keep = ~(amax > 0) | ~torch.isfinite(amax)
+    new_scale = torch.where(keep, scale, new)
+    new_history = torch.roll(history, -1, 0)
+    new_history[0] = 0.0
+    return new_history, new_scale
