@@ -10,7 +10,6 @@ backend differs from torch in exactly the seeded respect.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import torch
@@ -147,14 +146,6 @@ def mx_codes_under(t: torch.Tensor, biased: torch.Tensor, recipe, rounding=None,
     return TQB._pack_nibbles(codes) if fmt.packed else codes.view(fmt.torch_dtype)
 
 
-def mx_decode(data: torch.Tensor, biased: torch.Tensor, recipe, k: int) -> torch.Tensor:
-    """float64 code values (M, K) (without the scale)."""
-    fmt = get_format(recipe.fmt)
-    if fmt.packed:
-        return TQB._e2m1_decode(TQB._unpack_nibbles(data, k)).double()
-    return data.double()
-
-
 def e8m0_from_exponent(e: np.ndarray, amax: np.ndarray) -> np.ndarray:
     biased = np.clip(e, -127, 127) + 127
     biased = np.where(amax == 0, 0, biased)
@@ -198,14 +189,6 @@ def mx_backend_with_scales(scale_rule):
     return fn
 
 
-def f32(bits: int) -> float:
-    return float(np.array([bits], np.uint32).view(F32)[0])
-
-
-def f32_bits(v: float) -> int:
-    return int(np.array([v], F32).view(np.uint32)[0])
-
-
 def near_pow2_times_max(fmt: str, ulps: int = 8) -> np.ndarray:
     """Every float32 within ``ulps`` ulps of max * 2^j, over the whole positive fp32 range."""
     fmax = get_format(fmt).max
@@ -226,7 +209,3 @@ def disagreeing_amaxes(fmt: str, rule=None) -> np.ndarray:
     with np.errstate(under="ignore"):
         a = a[(a * (F32(1.0) / F32(get_format(fmt).max))).astype(F32) > 0]
     return a[rule(a, fmt) != ref.e8m0_scale(a, fmt, "rceil")]
-
-
-def pow2_floor(v: float) -> float:
-    return 2.0 ** math.floor(math.log2(v))
