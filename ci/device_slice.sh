@@ -19,3 +19,7 @@ TEALITE_VERIFY_DEVICE=cuda HYPOTHESIS_PROFILE=${PROFILE:-local} timeout ${PYTEST
   2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
 timeout ${RUN_TIMEOUT:-240} python3 -m tealite_verify run --device cuda --size large \
   --examples ${EXAMPLES:-6} --json "$OUT/run_large.json" 2>&1 | tee "$OUT/run_large.log" | tail -30
+# The FP8 GEMMs through torch._scaled_mm (cuBLASLt), many drawn cases.
+timeout ${QGEMM_TIMEOUT:-120} python3 -m tealite_verify run --device cuda --size local --op qgemm \
+  --backend scaled_mm --backend torch --examples ${QGEMM_EXAMPLES:-80} \
+  --json "$OUT/run_qgemm.json" 2>&1 | tee "$OUT/run_qgemm.log" | tail -8

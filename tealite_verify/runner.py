@@ -187,7 +187,8 @@ def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
                     for out_name, exp in expected.items():
                         if out_name in x.outputs and out_name in y.outputs:
                             if exp.check_pair is not None:
-                                m = exp.check_pair(x.outputs, y.outputs)
+                                m = exp.check_pair(x.outputs, y.outputs, x.numerics,
+                                                   y.numerics)
                             else:
                                 m = _compare_pair(x.outputs[out_name], y.outputs[out_name],
                                                   exp, x.numerics, y.numerics)

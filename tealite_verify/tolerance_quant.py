@@ -15,6 +15,9 @@
     A code may differ by one step from the re-quantization only where the scaled input lies
     exactly on the midpoint between the two codes; such codes are counted in ``excused``.
 
+Only the exponents that ceil(log2(amax/max)) can take under a 2^-22 relative error of the
+ratio are excused (``rceil_allowed_bytes``), not any +-1.
+
 Codes under a NaN scale (0xFF) are unspecified by every recipe and are not compared.
 Padding nibbles of an odd e2m1 row are not compared either.
 """
@@ -37,6 +40,18 @@ def rceil_ambiguous(block_amax, fmt: str) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.exp2(np.round(np.log2(np.where(r > 0, r, 1.0))))
         return np.isfinite(r) & (r > 0) & (np.abs(r / p - 1.0) <= RCEIL_AMBIGUITY)
+
+
+def rceil_allowed_bytes(block_amax, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi] biased bytes that ceil(log2(amax/max)) can take when the ratio carries an
+    fp32 rounding error of up to 2^-22 relative (lo == hi outside the ambiguity zone)."""
+    a = np.asarray(block_amax, dtype=np.float64)
+    r = np.where(np.isfinite(a) & (a > 0), a / ref.fmt_max(fmt), 1.0)
+    with np.errstate(divide="ignore"):
+        lo = np.ceil(np.log2(r * (1 - RCEIL_AMBIGUITY)))
+        hi = np.ceil(np.log2(r * (1 + RCEIL_AMBIGUITY)))
+    clamp = lambda e: (np.clip(e, -127, 127) + 127).astype(np.int64)  # noqa: E731
+    return clamp(lo), clamp(hi)
 
 
 def _metrics(tier, ok, actual, expected, excused=0, numel=None) -> Metrics:
@@ -73,7 +88,9 @@ def check_mx_scales(actual, expected, x, fmt: str, scale_mode: str) -> Metrics:
     d = a.astype(np.int64) - e.astype(np.int64)
     adjustable = (np.abs(d) == 1) & (e != ref.E8M0_NAN) & (a != ref.E8M0_NAN)
     if scale_mode == "rceil":
-        adjustable &= rceil_ambiguous(block_amax(x), fmt)
+        amax = block_amax(x)
+        lo, hi = rceil_allowed_bytes(amax, fmt)
+        adjustable &= rceil_ambiguous(amax, fmt) & (a >= lo) & (a <= hi)
     else:
         adjustable &= False
     ok = (d == 0) | adjustable
@@ -85,6 +102,11 @@ def check_mx_codes(actual_bits, actual_scales, x, fmt: str, element_rounding: st
     """Codes (M, K unpacked) against the re-quantization of x with the backend's scales."""
     a = np.asarray(actual_bits, np.uint8)
     scales = np.asarray(actual_scales, np.uint8)
+    m, k = np.shape(x)
+    want_scales = (m, -(-k // block))
+    if scales.shape != want_scales:
+        return Metrics("e8m0-adjusted", 0, 0, math.inf, math.inf,
+                       shape_error=f"scale shape {scales.shape} != expected {want_scales}")
     want = ref.mx_codes_with_scales(x, scales, fmt, element_rounding, block)
     if a.shape != want.shape:
         return Metrics("e8m0-adjusted", 0, 0, math.inf, math.inf,
@@ -95,9 +117,28 @@ def check_mx_codes(actual_bits, actual_scales, x, fmt: str, element_rounding: st
     if tie_tolerant and not ok.all():
         v = ref.mx_scaled_values(x, scales, block)
         va, vw = ref.decode(a, fmt), ref.decode(want, fmt)
+        sign_bit = 0x08 if fmt == "e2m1" else 0x80
         with np.errstate(invalid="ignore"):
-            tie = ~ok & (v == (va + vw) / 2) & (np.sign(va) == np.sign(vw))
+            # Same sign *bit* (so the ties at +-0.25 next to +-0 count), midpoint exactly.
+            tie = ~ok & (v == (va + vw) / 2) & ((a & sign_bit) == (want & sign_bit))
         excused = int(tie.sum())
         ok |= tie
     tier = "fp4-ties" if tie_tolerant else "e8m0-adjusted"
     return _metrics(tier, ok, a, want, excused, numel=int(live.sum()))
+
+
+def check_mx_codes_pair(bits_x, scales_x, bits_y, scales_y, x, fmt: str, element_rounding: str,
+                        *, tie_tolerant: bool = False, block: int = 32) -> Metrics:
+    """Backend vs backend: each side's codes must be the re-quantization of x under its own
+    scales (so blocks whose scales differ are judged too), and where the scales agree the
+    codes must agree (up to declared FP4 ties)."""
+    mx = check_mx_codes(bits_x, scales_x, x, fmt, element_rounding, tie_tolerant=tie_tolerant,
+                        block=block)
+    my = check_mx_codes(bits_y, scales_y, x, fmt, element_rounding, tie_tolerant=tie_tolerant,
+                        block=block)
+    if mx.shape_error or my.shape_error:
+        return mx if mx.shape_error else my
+    worse = mx if mx.mismatches >= my.mismatches else my
+    return Metrics("e8m0-adjusted-pair", mx.numel, mx.mismatches + my.mismatches,
+                   worse.max_abs_err, worse.max_ratio, worse.worst_index, worse.worst_actual,
+                   worse.worst_expected, worse.worst_tol, excused=mx.excused + my.excused)

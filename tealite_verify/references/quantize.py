@@ -124,8 +124,11 @@ def e8m0_scale(amax, fmt: str, mode: str) -> np.ndarray:
         bits = bits + (1 << (23 - mbits - 1))
         e = ((bits >> 23) & 0xFF).astype(np.int64) - 127 - emax  # subnormal: field 0
     elif mode == "rceil":
-        ratio = safe * (F32(1.0) / F32(fmt_max(fmt)))  # both steps rounded in fp32
-        e = _floor_log2(ratio) + (~_is_pow2(ratio))
+        ratio = (safe * (F32(1.0) / F32(fmt_max(fmt)))).astype(F32)  # both steps in fp32
+        nonzero = ratio > 0
+        safe_ratio = np.where(nonzero, ratio, F32(1.0))
+        # A ratio that underflows to 0 has ceil(log2 0) = -inf: the clamp floor.
+        e = np.where(nonzero, _floor_log2(safe_ratio) + (~_is_pow2(safe_ratio)), -127)
     else:
         raise ValueError(f"unknown scale rounding {mode!r}")
     biased = np.clip(e, -127, 127) + 127

@@ -31,9 +31,10 @@ class Expected:
     tier: str
     bound: Callable[[Mapping[str, Any]], np.ndarray] | None = None
     # Tiers that need more than one output (codes judged under the backend's own scales):
-    # check(backend outputs, numerics) -> Metrics; check_pair(outputs x, outputs y) -> Metrics.
+    # check(backend outputs, numerics) -> Metrics;
+    # check_pair(outputs x, outputs y, numerics x, numerics y) -> Metrics.
     check: Callable[[dict, Mapping[str, Any]], Any] | None = None
-    check_pair: Callable[[dict, dict], Any] | None = None
+    check_pair: Callable[[dict, dict, Mapping[str, Any], Mapping[str, Any]], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def scale_reference(inputs, case):
         return tolerance.compare_exact(_bits(outs["roundtrip"]), plain)
 
     return {"shuffled": Expected(ref.shuffle_e8m0(plain), None, "shuffle", check=check,
-                                 check_pair=lambda x, y: _pair_scales(x, y, m, s)),
+                                 check_pair=lambda x, y, nx, ny: _pair_scales(x, y, m, s)),
             "roundtrip": Expected(plain, None, "exact", check=check_roundtrip)}
 
 

@@ -51,18 +51,11 @@ def make_inputs(case, device):
     return inputs
 
 
-def _bits(t: torch.Tensor | None):
-    if t is None:
-        return None
-    return t.view(U8) if t.dtype != U8 and t.element_size() == 1 else t
-
-
 def call(inputs, case, backend):
     q = tealite.quantize(inputs["x"], recipe_from_json(case["recipe"]), rowwise=case["rowwise"],
                          columnwise=case["columnwise"], scale=inputs.get("scale"),
                          pad=case["pad"], backend=backend)
-    out = {"data": _bits(q.data), "scale_inv": q.scale_inv,
-           "columnwise_data": _bits(q.columnwise_data),
+    out = {"data": q.data, "scale_inv": q.scale_inv, "columnwise_data": q.columnwise_data,
            "columnwise_scale_inv": q.columnwise_scale_inv, "amax": q.amax}
     return {k: v for k, v in out.items() if v is not None}
 
@@ -72,8 +65,22 @@ def _np(t) -> np.ndarray:
 
 
 def _codes(outputs, name, fmt, n):
-    data = _np(outputs[name])
-    return ref.unpack_e2m1(data, n) if fmt == "e2m1" else data
+    """Unpacked code bits (rows, n) of a backend's data, or the reason it is malformed: the
+    storage dtype must be the format's (dequantize reads it so) and e2m1 exactly ceil(n/2)
+    bytes per row."""
+    data = outputs[name]
+    want = get_format(fmt).torch_dtype or U8
+    if data.dtype != want:
+        return f"{name} dtype {data.dtype} != {want} for {fmt}"
+    if fmt == "e2m1":
+        if data.shape[-1] != -(-n // 2):
+            return f"{name} has {data.shape[-1]} bytes per row, want ceil({n}/2)"
+        return ref.unpack_e2m1(_np(data), n)
+    return _np(data.view(U8))
+
+
+def _malformed(reason: str) -> tolerance.Metrics:
+    return tolerance.Metrics("exact", 0, 0, np.inf, np.inf, shape_error=reason)
 
 
 def _mx_expected(x, prefix, r) -> dict:
@@ -88,20 +95,23 @@ def _mx_expected(x, prefix, r) -> dict:
         return tolerance_quant.check_mx_scales(_np(outs[sname]), scales, x, fmt, mode)
 
     def check_codes(outs, numerics):
+        codes = _codes(outs, dname, fmt, k)
+        if isinstance(codes, str):
+            return _malformed(codes)
         tie_ok = numerics.get("fp4_tie_rounding") == "hardware"
-        return tolerance_quant.check_mx_codes(_codes(outs, dname, fmt, k), _np(outs[sname]), x,
-                                              fmt, er, tie_tolerant=tie_ok)
+        return tolerance_quant.check_mx_codes(codes, _np(outs[sname]), x, fmt, er,
+                                              tie_tolerant=tie_ok)
 
-    def pair_scales(ox, oy):
+    def pair_scales(ox, oy, nx, ny):
         return tolerance_quant.check_mx_scales(_np(ox[sname]), _np(oy[sname]), x, fmt, mode)
 
-    def pair_codes(ox, oy):
-        same = _np(ox[sname]) == _np(oy[sname])
-        live = np.repeat(same & (_np(ox[sname]) != ref.E8M0_NAN), 32, axis=-1)[:, :k]
+    def pair_codes(ox, oy, nx, ny):
         cx, cy = _codes(ox, dname, fmt, k), _codes(oy, dname, fmt, k)
-        if cx.shape != cy.shape:
-            return tolerance.compare_exact(cx, cy)
-        return tolerance.compare_exact(np.where(live, cx, 0), np.where(live, cy, 0))
+        if isinstance(cx, str) or isinstance(cy, str):
+            return _malformed(cx if isinstance(cx, str) else cy)
+        ties = "hardware" in (nx.get("fp4_tie_rounding"), ny.get("fp4_tie_rounding"))
+        return tolerance_quant.check_mx_codes_pair(cx, _np(ox[sname]), cy, _np(oy[sname]), x,
+                                                   fmt, er, tie_tolerant=ties)
 
     return {sname: Expected(scales, U8, "e8m0-adjusted", check=check_scales,
                             check_pair=pair_scales),
@@ -115,7 +125,21 @@ def _fp8_expected(x, prefix, r, case) -> dict:
     bits, scale_inv, _ = ref.fp8_quantize(
         x, r["fmt"], gran, scale=r.get("scale"), force_pow2=r.get("force_pow2_scales", False),
         amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None)
-    return {f"{prefix}data": Expected(bits, U8, "exact"),
+    dname = f"{prefix}data"
+    n = x.shape[1]
+
+    def check_codes(outs, numerics):
+        codes = _codes(outs, dname, r["fmt"], n)
+        return _malformed(codes) if isinstance(codes, str) else \
+            tolerance.compare_exact(codes, bits)
+
+    def pair_codes(ox, oy, nx, ny):
+        cx, cy = _codes(ox, dname, r["fmt"], n), _codes(oy, dname, r["fmt"], n)
+        if isinstance(cx, str) or isinstance(cy, str):
+            return _malformed(cx if isinstance(cx, str) else cy)
+        return tolerance.compare_exact(cx, cy)
+
+    return {dname: Expected(bits, U8, "exact", check=check_codes, check_pair=pair_codes),
             f"{prefix}scale_inv": Expected(scale_inv, torch.float32, "exact")}
 
 

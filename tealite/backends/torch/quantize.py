@@ -97,9 +97,9 @@ def _mx_exponent(amax: torch.Tensor, fmt, mode: ScaleRounding) -> torch.Tensor:
     mant = amax.view(torch.int32) & ((1 << _F32_MANT) - 1)
     if mode is ScaleRounding.RCEIL:
         ratio = amax * torch.tensor(1.0 / fmt.max, dtype=torch.float32)
-        _, e = torch.frexp(ratio)  # ratio = m * 2^e, m in [0.5, 1)
-        exact = (ratio.view(torch.int32) & ((1 << _F32_MANT) - 1)) == 0
-        return torch.where(exact & (_exponent_field(ratio) > 0), e - 1, e)
+        m, e = torch.frexp(ratio)  # ratio = m * 2^e, m in [0.5, 1); subnormals too
+        e = torch.where(m == 0.5, e - 1, e)  # exact power of two: ceil(log2) = e - 1
+        return torch.where(ratio > 0, e, torch.full_like(e, -127))  # underflow: clamp floor
     if mode is ScaleRounding.EVEN:
         bumped = amax.view(torch.int32) + (1 << (_F32_MANT - fmt.mbits - 1))
         return ((bumped >> _F32_MANT) & 0xFF) - 127 - fmt.emax
