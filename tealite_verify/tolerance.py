@@ -301,8 +301,12 @@ def gemm_error(p_abs, p, k: int, in_dtype, numerics: Mapping[str, Any]) -> np.nd
         coef = coef + 2 * unit_roundoff("tf32")
     partial = numerics.get("partial_sums_rounded_to")
     if partial is not None and k > 1:
-        # Split-K in cuBLAS: at most ~log2(K) levels of partial sums kept in `partial`.
+        # Split-K in cuBLAS (an assumption, not documented by NVIDIA): at most ~log2(K)
+        # levels of partial sums kept in `partial`, and at most ceil(K/64) partial sums, each
+        # of which may lose half a subnormal step of `partial` near zero (measured on an H100:
+        # fp16 sums of subnormal products were off by 5 fp16 subnormal steps at K=1481).
         coef = coef + gamma(math.ceil(math.log2(k)) + 1, unit_roundoff(partial))
+        eta = eta + math.ceil(k / 64) * 0.5 * float(ulp(partial, 0.0))
     err = coef * p_abs + eta
     rounded_to = numerics.get("accumulator_rounded_to")
     if rounded_to is not None:

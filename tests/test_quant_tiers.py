@@ -2,22 +2,30 @@
 catches a deliberately wrong backend and does NOT flag a correct one whose differences are
 legitimate (a false alarm is a bug too).
 
-1. The tier primitives on crafted arrays: rceil_ambiguous, check_mx_scales, check_mx_codes.
+1. The tier primitives on crafted arrays: rceil_ambiguous, rceil_allowed_bytes,
+   check_mx_scales, check_mx_codes.
 2. Seeded wrong quantize backends, end to end through the registry and run_case: each fails
    against the reference (and pairwise against torch) while torch passes.
 3. Legitimate differences that must pass: float64 RCEIL ratio, declared hardware FP4 tie
    rounding, codes under NaN scales, the e2m1 padding nibble, float64 dequantization.
-4. Harness / library bugs found here, pinned by strict xfails (each reason says file, what and
-   the fix); the report lists them.
+4. Harness / library bugs found here, now fixed, kept as regression tests (each docstring
+   says what it guards): the FP4 tie at +-0.25 next to +-0 excused (sign bits compared);
+   declared hardware FP4 ties excused pairwise too (check_pair receives both numerics); the
+   RCEIL excuse limited to rceil_allowed_bytes (not any +-1: the saturating direction fails);
+   wrong-shaped MX scales reported, not a crash; rescaled codes caught pairwise (each side
+   re-quantized under its own scales); e2m1 byte count and FP8 storage dtype checked; an
+   underflowing RCEIL ratio gives byte 0 (reference and torch); torch's power-of-two test
+   holds for the subnormal ratio 2^-127.  Still open, pinned by a strict xfail: the pairwise
+   E8M0 scale check applies the RCEIL allowed range to the first backend only.
 
-Facts established here (``test_only_float64_ratio_disagrees...``, ``test_torch_rceil_differs...``):
+Facts established here (``test_only_float64_ratio_disagrees...``, ``test_torch_rceil_agrees...``):
 for every fp32 amax, RCEIL computed as one fp32 division amax / max gives the same byte as the
-reference's amax * (1/max).  Correct computations disagree only where the fp32 ratio is the
-subnormal 2^-127 (2^-22 relative spacing): the exact (float64) ratio on max * 2^-127 + 1 ulp,
-and the torch backend (which misses the subnormal power of two, a pinned bug) on max * 2^-127
-and its lower neighbours -- all inside the ambiguity zone.  For normal ratios, a legitimate
-difference needs a computation that is not RNE fp32 (a ratio rounded up: modelled by
-``_up_where_exact_pow2``).
+reference's amax * (1/max), and the torch backend gives exactly the reference's byte (ratios
+that underflow to 0 and the subnormal 2^-127 included).  Correct computations disagree only
+where the fp32 ratio is the subnormal 2^-127 (2^-22 relative spacing): the exact (float64)
+ratio on max * 2^-127 + 1 ulp (one exponent up, inside rceil_allowed_bytes).  For normal
+ratios, a legitimate difference needs a computation that is not RNE fp32 (a ratio rounded up:
+modelled by ``_up_where_exact_pow2``).
 
 Wrong backends are built from the torch backend (``TORCH_Q``) and the ``make_backend`` fixture
 (conftest.py), which always unregisters them.  Helpers are in _helpers_quant.py.
@@ -134,21 +142,55 @@ def test_check_mx_scales_exact_and_rceil_excuse():
     m = TQ.check_mx_scales(s, s, x, "e4m3", "rceil")
     assert m.passed and m.mismatches == 0 and m.excused == 0 and m.numel == 9
     assert s[2, 0] == E8M0_NAN and s[2, 1] == 0
-    # +1 on every ambiguous block (row 0 and block (2, 2)): excused, counted
+    # Row 0 (amax exactly max * 2^j, reference exponent j) may be one up (a ratio rounded up);
+    # block (2, 2) (amax max * 2^4 + 1 ulp, reference exponent 5) may be one down: excused
     a = s.copy()
     a[0] += 1
-    a[2, 2] += 1
+    a[2, 2] -= 1
     m = TQ.check_mx_scales(a, s, x, "e4m3", "rceil")
     assert m.passed and m.excused == 4, m
-    # the same differences under FLOOR (no ambiguity zone) fail, first one reported
+    # the other direction of the same blocks is no ratio error away: not excused (row 0 one
+    # down saturates the block max; (2, 2) one up loses a bit for nothing)
+    for blk, delta in (((0, 0), -1), ((0, 1), -1), ((0, 2), -1), ((2, 2), 1)):
+        a = s.copy()
+        a[blk] = int(a[blk]) + delta
+        m = TQ.check_mx_scales(a, s, x, "e4m3", "rceil")
+        assert (m.mismatches, m.excused, m.worst_index) == (1, 0, blk), (blk, m)
+    # the excused differences under FLOOR (no ambiguity zone) fail, first one reported
     xs, sf = _scales_and_x(mode="floor")
     a = sf.copy()
     a[0] += 1
-    a[2, 2] += 1
+    a[2, 2] -= 1
     m = TQ.check_mx_scales(a, sf, xs, "e4m3", "floor")
     assert not m.passed and m.mismatches == 4 and m.excused == 0
     assert m.worst_index == (0, 0) and m.worst_actual == sf[0, 0] + 1
     assert m.worst_expected == sf[0, 0]
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "e5m2", "e4m3fnuz", "e5m2fnuz"])
+def test_rceil_allowed_bytes(fmt):
+    """[lo, hi]: the exponents ceil(log2) reaches under a 2^-22 relative ratio error.  Near
+    max * 2^j (exactly, one ulp above or below) that is {j, j + 1}, clamped at byte 0; one
+    exponent only outside the ambiguity zone.  Every correct rule's byte (fp32 product, fp32
+    division, float64 ratio) lies inside, and no amax allows more than two exponents."""
+    fmax = get_format(fmt).max
+    p = F32(fmax * 2.0 ** -3)
+    lo, hi = TQ.rceil_allowed_bytes(np.array([p, np.nextafter(p, F32(np.inf)),
+                                              np.nextafter(p, F32(0)), p * F32(1.25)]), fmt)
+    assert lo.tolist() == [124, 124, 124, 125] and hi.tolist() == [125, 125, 125, 125]
+    lo, hi = TQ.rceil_allowed_bytes(np.array([fmax * 2.0 ** -127, fmax * 2.0 ** -128, 1e-45],
+                                             F32), fmt)
+    assert lo.tolist() == [0, 0, 0] and hi.tolist() == [1, 0, 0]
+    a = near_pow2_times_max(fmt)
+    with np.errstate(under="ignore"):
+        lo, hi = TQ.rceil_allowed_bytes(a, fmt)
+        for rule in (rceil_float64, rceil_fp32_division, lambda v, f: ref.e8m0_scale(v, f,
+                                                                                    "rceil")):
+            b = rule(a, fmt).astype(np.int64)
+            assert ((lo <= b) & (b <= hi)).all(), (fmt, a[(b < lo) | (b > hi)])
+    zone = TQ.rceil_ambiguous(a, fmt)
+    assert ((hi - lo) <= 1).all() and (hi > lo).sum() > 200
+    assert (lo[~zone] == hi[~zone]).all()
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
@@ -492,8 +534,9 @@ def _rescaling_fn(own_rule, source):
 def test_wrong_rescaled_codes_on_scale_difference(make_backend, fmt, where, rule, source):
     """(7) ROCm-TE style: on a +-1 scale difference the source codes are rescaled by 2 instead
     of re-quantized.  The scale difference itself is legitimate (excused), the codes are not:
-    halving a subnormal code rounds twice.  The same scales with the values re-quantized
-    (mx_backend_with_scales) pass."""
+    halving a subnormal code rounds twice.  Caught against the reference and pairwise against
+    torch (each side's codes re-quantized under its own scales).  The same scales with the
+    values re-quantized (mx_backend_with_scales) pass."""
     spec, case = crafted(_rescaler_x(fmt, where), mx(fmt))
     name = register_quantize(make_backend, "rescale", _rescaling_fn(rule, source))
     report, info = run(spec, case, name)
@@ -502,6 +545,9 @@ def test_wrong_rescaled_codes_on_scale_difference(make_backend, fmt, where, rule
     md = metrics(report, name, "reference", "data")
     assert not md.passed and md.worst_index[1] < 32, info
     assert md.mismatches >= 4, info
+    mp = metrics(report, "torch", name, "data")
+    assert not mp.passed and mp.worst_index[1] < 32 and mp.mismatches >= 4, info
+    assert metrics(report, "torch", name, "scale_inv").passed, info
     assert report.verdict == "fail"
     good = register_quantize(make_backend, "requant", mx_backend_with_scales(rule))
     report = assert_passes(spec, case, good)
@@ -580,9 +626,9 @@ def test_wrong_scale_off_by_one_floor_mode_has_no_ambiguity(make_backend):
 # ============================================================================================
 
 def _float64_ratio_x(fmt):
-    """_rescaler_x plus a block with amax max * 2^-127 exactly (row 1, block 2), where the
-    float64 rule agrees with the reference (and torch does not), and one with amax max * 2^5
-    (row 1, block 1) where all agree."""
+    """_rescaler_x plus a block with amax max * 2^-127 exactly (row 1, block 2; the subnormal
+    fp32 ratio 2^-127, where torch used to give byte 1) and one with amax max * 2^5 (row 1,
+    block 1): the float64 rule, torch and the reference agree on both."""
     x = _rescaler_x(fmt, "f64")
     x[1, 40] = get_format(fmt).max * 2.0 ** 5
     x[1, 64:] = x[1, 64:] * 2.0 ** -140
@@ -594,17 +640,18 @@ def _float64_ratio_x(fmt):
 def test_legit_float64_rceil_ratio_passes_with_excused_scales(make_backend, fmt):
     """(a) RCEIL with the ratio amax / max computed in float64 (codes re-quantized under its own
     scales): differs from the reference in the two blocks with amax = max * 2^-127 + 1 ulp
-    (one exponent up), passes, and the excused blocks are reported."""
+    (one exponent up, inside rceil_allowed_bytes), passes, and the excused blocks are reported,
+    against the reference and pairwise against torch (which agrees with the reference)."""
     name = register_quantize(make_backend, "rceil64", mx_backend_with_scales(_f64_rule))
     x = _float64_ratio_x(fmt)
     spec, case = crafted(x, mx(fmt), columnwise=False)
     report = assert_passes(spec, case, name)
     ms = metrics(report, name, "reference", "scale_inv")
     assert ms.excused == 2 and ms.mismatches == 0
-    # torch differs from the reference on the exact 2^-127 ratio (pinned by an xfail below);
-    # the float64 rule agrees with the reference there, so pairwise that block is excused
-    assert metrics(report, "torch", "reference", "scale_inv").excused == 3
-    assert metrics(report, "torch", name, "scale_inv").excused == 1
+    mt = metrics(report, "torch", "reference", "scale_inv")
+    assert mt.passed and mt.excused == 0 and mt.mismatches == 0
+    mp = metrics(report, "torch", name, "scale_inv")
+    assert mp.passed and mp.excused == 2 and mp.mismatches == 0
     q_b = tealite.quantize(x, R.MXBlockScaling(fmt), backend=name)
     want = ref.e8m0_scale(TQ.block_amax(x.numpy()), fmt, "rceil")
     assert (q_b.scale_inv.int().numpy() - want)[:, 0].tolist() == [1, 1]
@@ -630,10 +677,9 @@ def test_legit_rceil_ratio_variants_pass_on_edges(make_backend, case, rule):
 
 
 def _tie_x():
-    """float32 (8, 64) of exact e2m1 values and midpoints (ties 1.25, 2.5, 5, and the
-    non-differing 0.75, 1.75, 3.5) times 2^s per block, each block's amax 6 * 2^s; no 0.25
-    ties (see the xfail test below)."""
-    pool = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, .75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    """float32 (8, 64) of exact e2m1 values and midpoints (ties 0.25 next to +-0, 1.25, 2.5,
+    5, and the non-differing 0.75, 1.75, 3.5) times 2^s per block, each block's amax 6 * 2^s."""
+    pool = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, .25, .75, 1.25, 1.75, 2.5, 3.5, 5.0])
     g = torch.Generator().manual_seed(3)
     x = pool[torch.randint(0, len(pool), (8, 64), generator=g)]
     x = x * (torch.randint(0, 2, (8, 64), generator=g) * 2 - 1)
@@ -644,17 +690,22 @@ def _tie_x():
 
 def test_legit_fp4_hardware_ties_declared_passes_vs_reference(make_backend):
     """(b) ties away from zero on an RNE recipe, declared fp4_tie_rounding="hardware": every
-    differing code is an exact tie, excused and counted; undeclared, the same backend fails.
-    (Pairwise against torch it is flagged: a harness bug, pinned below.)"""
+    differing code is an exact tie (+-0.25 next to +-0 included), excused and counted, against
+    the reference and pairwise against torch; undeclared, the same backend fails both."""
     declared = register_quantize(make_backend, "hwties", _ties_away_fn,
                                  numerics={"fp4_tie_rounding": "hardware"})
     plain = register_quantize(make_backend, "noties", _ties_away_fn)
+    x = _tie_x()
+    scaled = x.abs() / x.abs().reshape(8, 2, 32).amax(-1).repeat_interleave(32, 1) * 6
+    assert (scaled == 0.25).sum() > 5  # ties next to +-0 are in the data
     for scale in ("floor", "rceil"):
         spec, case = crafted(_tie_x(), mx("e2m1", scale))
-        report, info = run(spec, case, declared)
+        report = assert_passes(spec, case, declared)
+        info = report.describe()
         m = metrics(report, declared, "reference", "data")
         assert m.passed and m.excused > 20 and m.tier == "fp4-ties", info
         assert all(c.metrics.passed for c in comparisons(report, declared, "reference"))
+        assert metrics(report, "torch", declared, "data").excused == m.excused, info
         report = assert_caught(spec, case, plain, outputs=["data"])
         m = metrics(report, plain, "reference", "data")
         assert m.excused == 0 and m.mismatches > 10
@@ -830,53 +881,60 @@ def test_wrong_dequantize_caught(make_backend):
 
 
 # ============================================================================================
-# 4. Bugs found (library / harness), pinned by strict xfails
+# 4. Bugs found (library / harness), fixed: regression tests
 # ============================================================================================
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite_verify/tolerance_quant.py check_mx_codes (line 99): the fp4-ties excuse "
-    "requires np.sign(va) == np.sign(vw), and np.sign(0) == 0, so the tie at +-0.25 (between "
-    "0 and 0.5; RNE gives 0, ties-away 0.5, the NUMERICS.md example) is never excused.  Fix: "
-    "compare sign bits, e.g. (a & 0x8) == (want & 0x8) for e2m1 (or np.signbit of the decoded "
-    "values, which keeps -0.0)"))
-def test_bug_fp4_ties_at_quarter_not_excused():
+def test_fp4_ties_at_quarter_excused():
+    """check_mx_codes' fp4-ties excuse compares the codes' sign *bits*: the tie at +-0.25
+    (between +-0 and +-0.5; RNE gives +-0, ties-away +-0.5, the NUMERICS.md example) is
+    excused (np.sign(0) == 0 used to refuse it).  A zero of the wrong sign, or the other
+    sign's 0.5, is not a tie and still fails."""
     x = np.zeros((1, 32), F32)
     x[0, :4] = [6, 0.25, -0.25, 1.25]
     s = ref.e8m0_scale(TQ.block_amax(x), "e2m1", "floor")
     away = ref.mx_codes_with_scales(x, s, "e2m1", "ties_away")
     m = TQ.check_mx_codes(away, s, x, "e2m1", "rne", tie_tolerant=True)
     assert m.passed and m.excused == 3, m
+    want = ref.mx_codes_with_scales(x, s, "e2m1", "rne")
+    assert want[0, 1:3].tolist() == [0x0, 0x8] and away[0, 1:3].tolist() == [0x1, 0x9]
+    for i, code in ((1, 0x8), (2, 0x0), (1, 0x9), (2, 0x1)):  # -0 for +0.25, +0 for -0.25...
+        a = want.copy()
+        a[0, i] = code
+        m = TQ.check_mx_codes(a, s, x, "e2m1", "rne", tie_tolerant=True)
+        assert (m.mismatches, m.excused, m.worst_index) == (1, 0, (0, i)), (i, code, m)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (same as above, end to end): a backend declaring fp4_tie_rounding='hardware' on "
-    "quant_edges data, whose midpoints include +-0.25 * 2^s, is reported failing against the "
-    "reference"))
-def test_bug_fp4_hardware_ties_quant_edges_vs_reference(make_backend):
+def test_fp4_hardware_ties_quant_edges_pass(make_backend):
+    """End to end: a backend declaring fp4_tie_rounding='hardware' on quant_edges data, whose
+    midpoints include +-0.25 * 2^s, passes against the reference and pairwise against torch
+    (it used to fail on the +-0.25 ties)."""
     name = register_quantize(make_backend, "hwties_edges", _ties_away_fn,
                              numerics={"fp4_tie_rounding": "hardware"})
-    report, info = run("quantize", qcase(mx("e2m1", "floor"), "float32", [16, 64], seed=16),
-                       name)
+    report = assert_passes("quantize", qcase(mx("e2m1", "floor"), "float32", [16, 64], seed=16),
+                           name)
+    info = report.describe()
     assert all(c.metrics.passed for c in comparisons(report, name, "reference")), info
+    assert metrics(report, name, "reference", "data").excused > 100, info
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite_verify/specs/quantize.py pair_codes (line 98) and runner.run_case (line "
-    "190, exp.check_pair(x.outputs, y.outputs)): the pairwise check gets no numerics, so "
-    "codes are compared bit-exactly even when one backend declares fp4_tie_rounding="
-    "'hardware'; that backend passes against the reference but fails pairwise against "
-    "torch.  Fix: pass both numerics to check_pair and, where either declares hardware ties, "
-    "excuse codes that differ by one step at an exact midpoint (as check_mx_codes does)"))
-def test_bug_fp4_hardware_ties_flagged_pairwise(make_backend):
+@pytest.mark.parametrize("scale", ["floor", "rceil"])
+def test_fp4_hardware_ties_excused_pairwise(make_backend, scale):
+    """check_pair receives both backends' numerics: where either declares
+    fp4_tie_rounding='hardware', codes one step apart at an exact midpoint are excused
+    pairwise too (they used to be compared bit-exactly, failing the declared backend against
+    torch).  The same backend undeclared fails pairwise
+    (test_legit_fp4_hardware_ties_declared_passes_vs_reference)."""
     name = register_quantize(make_backend, "hwties_pair", _ties_away_fn,
                              numerics={"fp4_tie_rounding": "hardware"})
-    spec, case = crafted(_tie_x(), mx("e2m1", "floor"))
+    spec, case = crafted(_tie_x(), mx("e2m1", scale))
     report, info = run(spec, case, name)
     assert report.verdict == "pass", info
+    m = metrics(report, "torch", name, "data")
+    assert m.passed and m.excused > 20, info
 
 
 def test_saturating_direction_backend_halves_block_max(make_backend):
-    """The seeded backend of the next xfail: exponent 2 instead of 3 at amax = 448 * 2^3; its
+    """The seeded backend of the next test: exponent 2 instead of 3 at amax = 448 * 2^3; its
     codes (re-quantized under that scale) saturate, so the block max dequantizes to half."""
     name = register_quantize(make_backend, "down1", _bump_fn(-1, _pick_00))
     x = _exact_pow2_block_x()
@@ -887,46 +945,54 @@ def test_saturating_direction_backend_halves_block_max(make_backend):
     assert y[0, 0].item() == 1792.0 and y[0, 1].item() == 1792.0  # 3584 and 3000
     assert tealite.dequantize(q_t, backend="torch")[0, 0].item() == 3584.0
     assert TQ.rceil_ambiguous(np.array([3584.0]), "e4m3").all()
+    lo, hi = TQ.rceil_allowed_bytes(np.array([3584.0]), "e4m3")
+    assert (lo.tolist(), hi.tolist()) == ([130], [131])  # exponents 3 and 4, not 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite_verify/tolerance_quant.py check_mx_scales (line 74-76): any +-1 difference "
-    "is excused in an ambiguous RCEIL block, but only {ceil(log2(r')) : r' within 2^-22 of r} "
-    "can come from a correct computation.  At amax = 448 * 2^3 exactly, the reference gives "
-    "exponent 3 and a legitimate alternative 4; exponent 2 (-1) is accepted too, and the codes "
-    "re-quantized under it saturate: the block max 3584 dequantizes to 1792.  Fix: excuse "
-    "only exponents in [ceil(log2(r (1 - 2^-22))), ceil(log2(r (1 + 2^-22)))]"))
-def test_bug_rceil_excuse_accepts_saturating_direction(make_backend):
+def test_rceil_excuse_rejects_saturating_direction(make_backend):
+    """check_mx_scales excuses only rceil_allowed_bytes, not any +-1 in an ambiguous block: at
+    amax = 448 * 2^3 exactly (reference exponent 3, legitimate alternative 4), exponent 2
+    fails against the reference (the +1 direction passes:
+    test_wrong_scale_off_by_one_floor_mode_has_no_ambiguity)."""
     name = register_quantize(make_backend, "down1", _bump_fn(-1, _pick_00))
     spec, case = crafted(_exact_pow2_block_x(), mx("e4m3", "rceil"))
     report, info = run(spec, case, name)
-    assert not metrics(report, name, "reference", "scale_inv").passed, info
+    m = metrics(report, name, "reference", "scale_inv")
+    assert not m.passed, info
+    assert (m.mismatches, m.excused, m.worst_index) == (1, 0, (0, 0)), info
+    assert report.verdict == "fail", info
+    # pairwise, with the wrong backend on the judged (first) side
+    report = run_case(spec, case, backends=[name, "torch"])
+    assert not metrics(report, name, "torch", "scale_inv").passed, report.describe()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "GAP tealite_verify/specs/quantize.py pair_codes (line 98-104): codes of blocks whose "
-    "scales differ between the two backends are skipped, although x is at hand to "
-    "re-quantize them; a backend that rescales codes by 2 on a legitimate +-1 scale "
-    "difference (seeded bug 7) is caught only against the reference, not pairwise.  Fix: in "
-    "pair_codes, judge each side's codes in differing-scale blocks against "
-    "ref.mx_codes_with_scales(x, own scales)"))
-def test_gap_rescaled_codes_not_caught_pairwise(make_backend):
+# Pairwise scales are judged both ways: backend order must not decide the verdict.
+def test_pair_scales_judged_in_both_orders(make_backend):
+    name = register_quantize(make_backend, "down1_pair", _bump_fn(-1, _pick_00))
+    spec, case = crafted(_exact_pow2_block_x(), mx("e4m3", "rceil"))
+    report, info = run(spec, case, name)
+    assert not metrics(report, "torch", name, "scale_inv").passed, info
+
+
+def test_rescaled_codes_caught_pairwise(make_backend):
+    """Pairwise MX codes: each side is re-quantized under its own scales
+    (check_mx_codes_pair), so a backend that rescales codes by 2 on a legitimate +-1 scale
+    difference (seeded bug 7) is caught against torch too, not only against the reference
+    (blocks whose scales differed used to be skipped)."""
     spec, case = crafted(_rescaler_x("e4m3", "exact"), mx("e4m3"))
     name = register_quantize(make_backend, "rescale_pair",
                              _rescaling_fn(_up_where_exact_pow2, "torch"))
     report, info = run(spec, case, name)
     assert any(not c.metrics.passed for c in comparisons(report, "torch", name)), info
+    assert {c.output for c in comparisons(report, "torch", name)
+            if not c.metrics.passed} == {"data"}, info
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "BUG tealite_verify/tolerance_quant.py check_mx_codes (line 88) / references mx_scaled_"
-    "values: a backend returning MX scales of the wrong shape (here transposed, (3, 64) for "
-    "(64, 3)) makes run_case raise 'operands could not be broadcast' instead of reporting a "
-    "shape error (check_mx_scales reports it; check_mx_codes re-quantizes with the bad scales "
-    "before its shape check; specs pair_codes compares the two scale arrays with == likewise). "
-    "Fix: check the scale shape first in check_mx_codes and pair_codes and return a "
-    "Metrics(shape_error=...)"))
-def test_bug_mx_scale_shape_crashes_run_case(make_backend):
+def test_mx_scale_shape_reported_not_raised(make_backend):
+    """MX scales of the wrong shape (here transposed, (3, 64) for (64, 3)) are reported as a
+    shape error by the scale and code checks, against the reference and pairwise (run_case
+    used to raise 'operands could not be broadcast': check_mx_codes re-quantized with the bad
+    scales before its shape check)."""
     def fn(x, r, **kw):
         q = TORCH_Q(x, r, **kw)
         q.scale_inv = q.scale_inv.t().contiguous()
@@ -936,14 +1002,16 @@ def test_bug_mx_scale_shape_crashes_run_case(make_backend):
                       backends=["torch", name])
     assert metrics(report, name, "reference", "scale_inv").shape_error
     assert report.verdict == "fail"
+    for lhs, rhs in ((name, "reference"), ("torch", name)):
+        for out in ("scale_inv", "data"):
+            m = metrics(report, lhs, rhs, out)
+            assert not m.passed and "scale shape" in m.shape_error, (lhs, rhs, out, m)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite_verify/specs/quantize.py _codes (line 74) / references unpack_e2m1: packed "
-    "e2m1 data is unpacked and cut to K codes, so extra trailing bytes (data (M, K/2 + 3) "
-    "instead of (M, ceil(K/2))) pass unnoticed.  Fix: in check_codes / pair_codes require "
-    "data.shape[-1] == ceil(K/2) (a shape_error otherwise)"))
-def test_bug_e2m1_extra_packed_bytes_pass(make_backend):
+def test_e2m1_extra_packed_bytes_fail(make_backend):
+    """Packed e2m1 data must have exactly ceil(K/2) bytes per row: extra trailing bytes
+    (data (M, K/2 + 3)) fail against the reference and pairwise (they used to be cut off by
+    the unpacking and pass)."""
     def fn(x, r, **kw):
         q = TORCH_Q(x, r, **kw)
         q.data = torch.nn.functional.pad(q.data, (0, 3), value=0xAB)
@@ -952,6 +1020,9 @@ def test_bug_e2m1_extra_packed_bytes_pass(make_backend):
     report, info = run("quantize", qcase(mx("e2m1", "floor"), "bfloat16", [8, 64], seed=28),
                        name)
     assert report.verdict == "fail", info
+    for lhs, rhs in ((name, "reference"), ("torch", name)):
+        m = metrics(report, lhs, rhs, "data")
+        assert not m.passed and "bytes per row" in m.shape_error, info
 
 
 U8_CASE = qcase(_current("e4m3"), "bfloat16", [8, 64], dist=NORMAL, seed=29)
@@ -964,7 +1035,7 @@ def _u8_codes(x, r, **kw):
 
 
 def test_uint8_fp8_codes_break_dequantize():
-    """The seeded backend of the next xfail: same bits, uint8 dtype; dequantize decodes the
+    """The seeded backend of the next test: same bits, uint8 dtype; dequantize decodes the
     bytes as integers."""
     x = get_spec("quantize").make_inputs(U8_CASE, "cpu")["x"]
     q_ok = tealite.quantize(x, R.Float8CurrentScaling(), backend="torch")
@@ -976,27 +1047,27 @@ def test_uint8_fp8_codes_break_dequantize():
     assert (y_bad - y_ok).abs().max() > y_ok.abs().max()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite_verify/specs/quantize.py call (line 60-67, _bits): FP8 codes are viewed as "
-    "uint8 before comparison, so a backend returning codes as torch.uint8 instead of "
-    "float8_e4m3fn passes bit-exactly -- and tealite.dequantize then decodes the raw bytes as "
-    "integers (data.float()), so the QuantizedTensor is unusable.  Fix: compare q.data.dtype "
-    "with get_format(fmt).torch_dtype (uint8 for e2m1; MX scale_inv uint8) in call/reference"))
-def test_bug_fp8_codes_dtype_not_checked(make_backend):
+@pytest.mark.parametrize("case", [U8_CASE, qcase(mx("e4m3"), "bfloat16", [8, 64], seed=6)],
+                         ids=["current", "mx"])
+def test_fp8_codes_dtype_checked(make_backend, case):
+    """FP8 codes must come in the format's torch dtype: a backend returning the right bits as
+    torch.uint8 (unusable: dequantize reads them as integers) fails against the reference and
+    pairwise (the spec's call used to view the data as uint8 before comparing)."""
     name = register_quantize(make_backend, "u8codes", _u8_codes)
-    report, info = run("quantize", U8_CASE, name)
+    report, info = run("quantize", case, name)
     assert report.verdict == "fail", info
+    for lhs, rhs in ((name, "reference"), ("torch", name)):
+        m = metrics(report, lhs, rhs, "data")
+        assert not m.passed and "dtype torch.uint8" in m.shape_error, info
+    bad = {c.output for c in report.comparisons if not c.metrics.passed}
+    assert bad == {"data"}, info
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite_verify/references/quantize.py e8m0_scale rceil (line 127-128), shared by "
-    "tealite/backends/torch/quantize.py _mx_exponent (line 98-102): when fp32 amax * (1/max) "
-    "underflows to 0 (fp32 amax < max * 2^-150, e.g. 1e-45), the byte is 127 (scale 1) instead "
-    "of 0 (ceil(log2 0) clamped to -127).  A correct backend (here: the float64 ratio, byte 0) "
-    "is flagged on a block of tiny fp32 subnormals; torch agrees with the buggy reference.  "
-    "(Also pinned at unit level in test_references_quantize.py.)  Fix: e = -127 where the fp32 "
-    "ratio is 0, in both"))
-def test_bug_rceil_underflowing_ratio_flags_correct_backend(make_backend):
+def test_rceil_underflowing_ratio_correct_backend_passes(make_backend):
+    """When fp32 amax * (1/max) underflows to 0 (fp32 amax < max * 2^-150, e.g. 1e-45), the
+    reference's RCEIL byte is 0 (ceil(log2 0) clamped to -127), not 127: a correct backend
+    (here: the float64 ratio, byte 0) passes on a block of tiny fp32 subnormals.  (Unit level:
+    test_references_quantize.py.)"""
     name = register_quantize(make_backend, "rceil64_tiny", mx_backend_with_scales(_f64_rule))
     spec, case = crafted(_tiny_x(), mx("e4m3"))
     report = run_case(spec, case, backends=[name])
@@ -1010,15 +1081,11 @@ def _tiny_x():
     return x
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite/backends/torch/quantize.py _mx_exponent RCEIL (line 101-102): the power-of-"
-    "two test 'mantissa bits == 0 and exponent field > 0' misses the subnormal fp32 ratio "
-    "2^-127 (bits 0x00400000), so for amax = max * 2^-127 (ratio exactly 2^-127) torch returns "
-    "byte 1 instead of ceil(log2 2^-127) + 127 = 0.  run_case does not flag it: the block is "
-    "in the RCEIL ambiguity zone and the e8m0-adjusted tier excuses it.  Fix: exact = "
-    "(frexp mantissa == 0.5), which holds for subnormals too"))
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "e5m2", "e4m3fnuz"])
-def test_bug_torch_rceil_subnormal_power_of_two_ratio(fmt):
+def test_torch_rceil_subnormal_power_of_two_ratio(fmt):
+    """Torch _mx_exponent RCEIL tests a power of two by the frexp mantissa (0.5), which holds
+    for the subnormal fp32 ratio 2^-127 too: amax = max * 2^-127 gives byte 0 (the
+    exponent-field test used to miss it and give byte 1, excused by the ambiguity zone)."""
     a = F32(get_format(fmt).max * 2.0 ** -127)
     x = torch.zeros(1, 32)
     x[0, 0] = float(a)
@@ -1027,33 +1094,28 @@ def test_bug_torch_rceil_subnormal_power_of_two_ratio(fmt):
                    scale=None).scale_inv.tolist() == [[0]]
 
 
-def test_torch_rceil_differs_from_reference_only_inside_ambiguity_zone():
-    """The torch backend on every fp32 amax near max * 2^j: its RCEIL bytes differ from the
-    reference only where the fp32 ratio is the subnormal 2^-127 (the bug above: max * 2^-127
-    and its lower neighbours), by +1, inside the ambiguity zone (so run_case passes it, with
-    the block counted as excused)."""
+def test_torch_rceil_agrees_with_reference():
+    """The torch backend's RCEIL bytes equal the reference's on every fp32 amax near
+    max * 2^j (ratios that underflow to 0 and the subnormal 2^-127 included) and on a sweep of
+    subnormal and random amaxes: no block of a torch run is excused against the reference."""
+    rng = np.random.default_rng(5)
+    extra = np.concatenate([np.arange(1, 0x800000, 4099, dtype=np.uint32),
+                            rng.integers(1, 0x7F800000, 2000, dtype=np.uint32)]).view(F32)
     for fmt in ("e4m3", "e2m1", "e5m2", "e4m3fnuz", "e5m2fnuz"):
-        a = near_pow2_times_max(fmt)
+        a = np.concatenate([near_pow2_times_max(fmt), extra])
         with np.errstate(under="ignore"):
-            a = a[(a * (F32(1.0) / F32(get_format(fmt).max))).astype(F32) > 0]
+            ratio = (a * (F32(1.0) / F32(get_format(fmt).max))).astype(F32)
+        assert (ratio == 0).any() and (ratio == F32(2.0 ** -127)).any()
         x = torch.zeros(a.size, 32)
         x[:, 0] = torch.from_numpy(a)
         got = TORCH_Q(x, R.MXBlockScaling(fmt), rowwise=True, columnwise=False,
                       scale=None).scale_inv[:, 0].numpy()
         want = ref.e8m0_scale(a, fmt, "rceil")
-        bad = a[got != want]
-        # exactly the amaxes whose fp32 ratio rounds to the subnormal 2^-127
-        ratio = (a * (F32(1.0) / F32(get_format(fmt).max))).astype(F32)
-        assert np.array_equal(bad, a[ratio == F32(2.0 ** -127)]), (fmt, bad)
-        assert 1 <= bad.size <= 4 and F32(get_format(fmt).max * 2.0 ** -127) in bad
-        assert (got[got != want].astype(int) - want[got != want]).tolist() == [1] * bad.size
-        assert TQ.rceil_ambiguous(bad, fmt).all()
+        assert np.array_equal(got, want), (fmt, a[got != want][:5])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG tealite/backends/torch/quantize.py _mx_exponent RCEIL (line 98-102): the same "
-    "underflow as above; torch returns byte 127 for the block of amax 1e-45 (it agrees with "
-    "the buggy reference, so run_case shows nothing).  Fix: e = -127 where ratio == 0"))
-def test_bug_torch_rceil_underflowing_ratio():
+def test_torch_rceil_underflowing_ratio():
+    """Torch gives byte 0 for a block of amax 1e-45 (fp32 ratio 0), like the reference (both
+    used to give 127, so run_case showed nothing)."""
     q = tealite.quantize(_tiny_x(), R.MXFP8BlockScaling(), backend="torch")
     assert q.scale_inv[:, 0].tolist() == [0, 119]  # row 1: amax 1, ceil(log2(1/448)) = -8

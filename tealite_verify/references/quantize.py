@@ -53,15 +53,30 @@ def round_elements(v, fmt: str, *, rounding: str = "rne", saturate: bool = True)
     q = v.astype(ml)
     if rounding == "ties_away":
         q64, v64 = q.astype(np.float64), v.astype(np.float64)
-        other = 2.0 * v64 - q64  # the other candidate if v is a midpoint (exact in float64)
+        finite = np.sort(np.unique(np.abs(codes_table(fmt))))
+        past_max = 2 * finite[-1] - finite[-2]  # the first step beyond max (480 for e4m3)
         with np.errstate(invalid="ignore", over="ignore"):
+            other = 2.0 * v64 - q64  # the other candidate if v is a midpoint (exact)
             other_q = other.astype(F32).astype(ml)
-            tie = (np.isfinite(v64) & (v64 != q64) & (other_q.astype(np.float64) == other)
+            representable = other_q.astype(np.float64) == other
+            # A tie between max and the step past it rounds away into overflow, which is
+            # whatever the format does beyond its range (NaN, or inf for e5m2; e2m1 has
+            # neither and saturates).
+            overflow_tie = (np.abs(other) == past_max) & (fmt != "e2m1")
+            overflowed = (np.sign(v64) * 2 * past_max).astype(F32).astype(ml)
+            tie = (np.isfinite(v64) & (v64 != q64) & (representable | overflow_tie)
                    & (np.abs(other) > np.abs(q64)))
-        q = np.where(tie, other_q, q)
+        q = np.where(tie, np.where(overflow_tie, overflowed, other_q), q)
     elif rounding != "rne":
         raise ValueError(f"unknown element rounding {rounding!r}")
     return q
+
+
+def codes_table(fmt: str) -> np.ndarray:
+    """float64 values of every finite code of ``fmt``."""
+    n = 16 if fmt == "e2m1" else 256
+    vals = np.arange(n, dtype=np.uint8).view(ML_DTYPES[fmt]).astype(np.float64)
+    return vals[np.isfinite(vals)]
 
 
 def codes_to_bits(q: np.ndarray) -> np.ndarray:
@@ -81,7 +96,8 @@ def pack_e2m1(bits: np.ndarray) -> np.ndarray:
 
 def unpack_e2m1(packed: np.ndarray, n: int) -> np.ndarray:
     packed = np.asarray(packed, dtype=np.uint8)
-    out = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
+    out = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(
+        packed.shape[:-1] + (2 * packed.shape[-1],))
     return out[..., :n]
 
 

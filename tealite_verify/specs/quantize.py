@@ -80,7 +80,7 @@ def _codes(outputs, name, fmt, n):
 
 
 def _malformed(reason: str) -> tolerance.Metrics:
-    return tolerance.Metrics("exact", 0, 0, np.inf, np.inf, shape_error=reason)
+    return tolerance.Metrics("malformed", 0, 0, np.inf, np.inf, shape_error=reason)
 
 
 def _mx_expected(x, prefix, r) -> dict:
@@ -103,7 +103,10 @@ def _mx_expected(x, prefix, r) -> dict:
                                               tie_tolerant=tie_ok)
 
     def pair_scales(ox, oy, nx, ny):
-        return tolerance_quant.check_mx_scales(_np(ox[sname]), _np(oy[sname]), x, fmt, mode)
+        # Judged both ways: each side's byte must be one the other side's rule could reach.
+        there = tolerance_quant.check_mx_scales(_np(ox[sname]), _np(oy[sname]), x, fmt, mode)
+        back = tolerance_quant.check_mx_scales(_np(oy[sname]), _np(ox[sname]), x, fmt, mode)
+        return there if not there.passed or back.passed is there.passed else back
 
     def pair_codes(ox, oy, nx, ny):
         cx, cy = _codes(ox, dname, fmt, k), _codes(oy, dname, fmt, k)
