@@ -49,9 +49,33 @@ def cmd_list(args) -> int:
                 row.append(f"yes [{dts}; {'/'.join(sorted(s.devices))}]")
         rows.append(row)
     print(_table(rows, ["op"] + names))
+    print()
+    print(_recipes_table())
     for err in registry.plugin_load_errors():
         print(f"plugin failed to load: {err}", file=sys.stderr)
     return 0
+
+
+def _recipes_table() -> str:
+    """Every quantization recipe with its formats and rounding modes."""
+    from tealite.formats import FORMATS, FP8_FORMATS, ElementRounding, ScaleRounding
+    fp8 = ", ".join(FP8_FORMATS)
+    scale_modes = "/".join(m.value for m in ScaleRounding)
+    elem = "/".join(r.value for r in ElementRounding)
+    rows = [
+        ["Float8CurrentScaling", fp8, "tensor | row", "TE fp32 rule (pow2 optional)", "rne"],
+        ["Float8BlockScaling", fp8, "1x128 | 128x128", "TE fp32 rule (pow2 default)", "rne"],
+        ["DelayedScaling", fp8, "tensor (given scale)", "amax history max|most_recent, "
+                                                        "margin", "rne"],
+        ["MXFP8BlockScaling", fp8, "1x32 E8M0", scale_modes + " (rceil default)", elem],
+        ["MXFP4BlockScaling", "e2m1", "1x32 E8M0", scale_modes + " (floor default)", elem],
+        ["CustomRecipe", "per role", "per role", "qfactory(Role) -> recipe", "-"],
+    ]
+    formats = ", ".join(f"{f.name} (max {f.max:g}{', fnuz' if f.fnuz else ''})"
+                        for f in FORMATS.values())
+    return (_table(rows, ["recipe", "formats", "scales", "scale rule", "element rounding"])
+            + f"\nformats: {formats}; FP8 casts saturate by default (Saturation.SATURATE), "
+              "NONFINITE available")
 
 
 def drawn_cases(spec, n: int, size: str, seed: int) -> list[dict]:

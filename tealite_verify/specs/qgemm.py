@@ -61,7 +61,8 @@ def quantize_k_last(x_k: np.ndarray, r: dict):
     gran = {"delayed": "given", "block": "block"}.get(r["kind"]) or r["granularity"]
     bits, scale_inv, _ = qref.fp8_quantize(
         x_k, r["fmt"], gran, scale=r.get("scale"), force_pow2=r.get("force_pow2_scales", False),
-        amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None)
+        amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None,
+        saturate=r.get("saturation", "saturate") == "saturate")
     return bits, scale_inv
 
 

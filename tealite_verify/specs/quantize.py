@@ -127,7 +127,8 @@ def _fp8_expected(x, prefix, r, case) -> dict:
     gran = gran or r["granularity"]
     bits, scale_inv, _ = ref.fp8_quantize(
         x, r["fmt"], gran, scale=r.get("scale"), force_pow2=r.get("force_pow2_scales", False),
-        amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None)
+        amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None,
+        saturate=r.get("saturation", "saturate") == "saturate")
     dname = f"{prefix}data"
     n = x.shape[1]
 

@@ -10,7 +10,7 @@ import torch
 
 from tealite import recipes as R
 from tealite.backends.torch import BACKEND
-from tealite.formats import ElementRounding, ScaleRounding, get_format
+from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
 from tealite.ops.quantize import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -24,6 +24,20 @@ def _clamp(v: torch.Tensor, fmax: float) -> torch.Tensor:
 
 def _fp8_cast_rne(v: torch.Tensor, fmt) -> torch.Tensor:
     return _clamp(v, fmt.max).to(fmt.torch_dtype)
+
+
+def _overflow_to_nonfinite(v: torch.Tensor, codes: torch.Tensor, fmt) -> torch.Tensor:
+    """Where RNE would round past max, give the format's overflow value (NaN; inf for e5m2)
+    instead of the saturated code.  torch's own cast cannot be trusted for this: it saturates
+    on the CPU and gives NaN on CUDA."""
+    step = 2.0 ** (fmt.emax - fmt.mbits)  # code spacing in max's binade
+    threshold = fmt.max + step / 2
+    max_mantissa_odd = round(fmt.max / 2.0 ** (fmt.emax - fmt.mbits)) % 2 == 1
+    a = v.abs()
+    over = (a > threshold) | ((a == threshold) & max_mantissa_odd) | torch.isinf(v)
+    special = torch.where(v > 0, torch.inf, -torch.inf) if fmt.name == "e5m2" else \
+        torch.full_like(v, torch.nan)
+    return torch.where(over, special.to(fmt.torch_dtype), codes)
 
 
 def _fp8_cast_ties_away(v: torch.Tensor, fmt) -> torch.Tensor:
@@ -158,9 +172,10 @@ def _fp8_rowwise(x: torch.Tensor, recipe, scale):
             torch.zeros(mb, nb, device=x.device)
         s = _te_scale(block_amax, fmt, recipe.force_pow2_scales, recipe.amax_epsilon)
         expand = s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:m, :k]
-    saturate = recipe.saturation.value == "saturate"
     v = x32 * expand
-    codes = _fp8_cast_rne(v, fmt) if saturate else v.to(fmt.torch_dtype)
+    codes = _fp8_cast_rne(v, fmt)
+    if recipe.saturation is Saturation.NONFINITE:
+        codes = _overflow_to_nonfinite(v, codes, fmt)
     return codes, torch.reciprocal(s)
 
 
