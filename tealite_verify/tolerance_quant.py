@@ -142,3 +142,36 @@ def check_mx_codes_pair(bits_x, scales_x, bits_y, scales_y, x, fmt: str, element
     return Metrics("e8m0-adjusted-pair", mx.numel, mx.mismatches + my.mismatches,
                    worse.max_abs_err, worse.max_ratio, worse.worst_index, worse.worst_actual,
                    worse.worst_expected, worse.worst_tol, excused=mx.excused + my.excused)
+
+
+def dequantized_bound(x, scale, fmt: str, *, dequant_dtype_u: float = 2.0 ** -24) -> np.ndarray:
+    """Largest legitimate |dequantize(quantize(x)) - x| per element for codes of ``fmt`` with
+    per-element dequantization scale ``scale`` (float64 arrays, broadcastable).
+
+    Half a code step at |x|/scale (subnormal step below the normal range), plus what
+    saturation clips off beyond max, plus four fp32 roundings relative to |x| (x * scale before
+    the cast, scale_inv = 1/scale, code x scale_inv, and the dequantized output).  This is the ``dequantized`` tier: it compares values, not codes, so it can judge
+    two recipes (or two backends with different rounding conventions) against each other.
+    """
+    import ml_dtypes
+    info = ml_dtypes.finfo(ref.ML_DTYPES[fmt])
+    mant, emin = int(info.nmant), int(info.minexp)
+    x = np.abs(np.asarray(x, np.float64))
+    s = np.asarray(scale, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = x / s
+        _, e = np.frexp(np.where(v > 0, v, 1.0))
+        step = np.ldexp(1.0, np.maximum(e - 1, emin) - mant)
+        fmax = ref.fmt_max(fmt)
+        clipped = np.where(v > fmax, (v - fmax) * s, 0.0)
+        return 0.5 * step * s + clipped + 4 * dequant_dtype_u * np.minimum(x, fmax * s)
+
+
+def check_dequantized(y, x, bound, *, tier: str = "dequantized") -> Metrics:
+    """|y - x| <= bound, where x is finite; NaN/Inf outputs are counted (excused) only where
+    x itself is non-finite or the recipe overflows to NaN/Inf (bound is inf there)."""
+    from tealite_verify.tolerance import compare_bounded
+    import torch
+    m = compare_bounded(torch.as_tensor(np.asarray(y, np.float64)), np.asarray(x, np.float64),
+                        np.asarray(bound, np.float64), torch.float64, tier=tier)
+    return m

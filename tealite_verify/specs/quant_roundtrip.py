@@ -1,0 +1,122 @@
+"""Spec ``quant_roundtrip``: dequantize(quantize(x)) under two recipes, judged on values.
+
+The ``dequantized`` tier (tolerance_quant.dequantized_bound) compares each round trip with x,
+and the two recipes' round trips with each other under the sum of their bounds: the
+cross-recipe check (e.g. MXFP8 RCEIL vs FP8 current scaling vs MXFP4 with AITER's EVEN /
+ties-away convention, which cannot be compared code by code).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import tealite
+from tealite_verify import tolerance_quant
+from tealite_verify.references import quantize as ref
+from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.dtypes import float_dtypes
+from tealite_verify.strategies.recipes import recipe_from_json, recipes
+from tealite_verify.strategies.shapes import dim
+from tealite_verify.strategies.values import distributions, seeds
+from tealite_verify.tensors import dtype_of, generate
+
+_LIMIT = {"ci": 96, "local": 400, "large": 2048}
+
+
+def _saturating(r: dict) -> dict:
+    return dict(r, saturation="saturate") if "saturation" in r else r
+
+
+@st.composite
+def cases(draw, dtype=None, size="ci"):
+    return {"recipe_a": _saturating(draw(recipes())), "recipe_b": _saturating(draw(recipes())),
+            "dtype": dtype or draw(float_dtypes()),
+            "shape": [draw(dim(_LIMIT[size], allow_zero=True)), draw(dim(_LIMIT[size]))],
+            "dist": draw(distributions(dtype or "float32", wide=False)), "seed": draw(seeds())}
+
+
+def make_inputs(case, device):
+    x = generate(case["dist"], case["shape"], dtype_of(case["dtype"]), case["seed"], device)
+    inputs = {"x": x}
+    for side in "ab":
+        r = case[f"recipe_{side}"]
+        if r["kind"] == "delayed":
+            inputs[f"scale_{side}"] = torch.tensor([r["scale"]], dtype=torch.float32,
+                                                   device=device)
+    return inputs
+
+
+def call(inputs, case, backend):
+    out = {}
+    for side in "ab":
+        r = case[f"recipe_{side}"]
+        q = tealite.quantize(inputs["x"], recipe_from_json(r), scale=inputs.get(f"scale_{side}"),
+                             pad=r["kind"] == "mx", backend=backend)
+        out[f"y_{side}"] = tealite.dequantize(q, out_dtype=torch.float32, backend=backend)
+        out[f"scale_{side}"] = q.scale_inv
+    return out
+
+
+def element_scale(scale_inv: np.ndarray, r: dict, shape) -> np.ndarray:
+    """Per-element dequantization scale (float64) of a rowwise quantization."""
+    m, k = shape
+    if r["kind"] == "mx":
+        s = np.repeat(ref.e8m0_value(scale_inv.astype(np.uint8)), 32, axis=-1)[:, :k]
+    elif r["kind"] == "block":
+        bm, bn = r["block"]
+        s = np.repeat(np.repeat(scale_inv, bm, axis=0), bn, axis=1)[:m, :k]
+    elif r["kind"] == "current" and r["granularity"] == "row":
+        s = scale_inv[:, None]
+    else:
+        s = np.full((m, k), float(scale_inv.reshape(-1)[0]) if scale_inv.size else 1.0)
+    return np.broadcast_to(np.asarray(s, np.float64), (m, k))
+
+
+def reference(inputs, case):
+    x = inputs["x"].astype(np.float64)
+
+    def bound(outs, side):
+        r = case[f"recipe_{side}"]
+        s = element_scale(outs[f"scale_{side}"].detach().cpu().double().numpy(), r, x.shape)
+        return tolerance_quant.dequantized_bound(x, s, r["fmt"])
+
+    def check(side):
+        return lambda outs, numerics: tolerance_quant.check_dequantized(
+            outs[f"y_{side}"].detach().cpu().double().numpy(), x, bound(outs, side))
+
+    def cross(outs, numerics):
+        ya = outs["y_a"].detach().cpu().double().numpy()
+        yb = outs["y_b"].detach().cpu().double().numpy()
+        return tolerance_quant.check_dequantized(ya, yb, bound(outs, "a") + bound(outs, "b"),
+                                                 tier="dequantized-cross-recipe")
+
+    def pair(side):
+        def judge(ox, oy, nx, ny):
+            yx = ox[f"y_{side}"].detach().cpu().double().numpy()
+            yy = oy[f"y_{side}"].detach().cpu().double().numpy()
+            return tolerance_quant.check_dequantized(yx, yy, bound(ox, side) + bound(oy, side),
+                                                     tier="dequantized-pair")
+        return judge
+
+    return {"y_a": Expected(x, torch.float32, "dequantized", check=check("a"),
+                            check_pair=pair("a")),
+            "y_b": Expected(x, torch.float32, "dequantized", check=check("b"),
+                            check_pair=pair("b")),
+            "cross": Expected(x, torch.float32, "dequantized", check=cross,
+                              check_pair=lambda ox, oy, nx, ny: cross(oy, ny))}
+
+
+_MX4_AITER = {"kind": "mx", "fmt": "e2m1", "scale_rounding": "even",
+              "element_rounding": "ties_away"}
+_MX4_OCP = {"kind": "mx", "fmt": "e2m1", "scale_rounding": "floor", "element_rounding": "rne"}
+_MX8 = {"kind": "mx", "fmt": "e4m3", "scale_rounding": "rceil", "element_rounding": "rne"}
+_CUR = {"kind": "current", "fmt": "e4m3fnuz", "granularity": "row", "force_pow2_scales": False,
+        "amax_epsilon": 0.0, "saturation": "saturate"}
+
+register(OpSpec(
+    name="quant_roundtrip", family="quantize", cases=cases, make_inputs=make_inputs, call=call,
+    reference=reference,
+    smoke_cases=tuple({"recipe_a": a, "recipe_b": b, "dtype": "bfloat16", "shape": [33, 100],
+                       "dist": {"kind": "normal", "scale": 2.0}, "seed": 31}
+                      for a, b in ((_MX4_AITER, _MX4_OCP), (_MX8, _CUR)))))
