@@ -81,6 +81,9 @@ class Backend:
     probe: Callable[[], str | None] = lambda: None
     description: str = ""
     impls: dict[str, Impl] = field(default_factory=dict)
+    # False keeps the backend out of backend=None dispatch (it still runs when named, and the
+    # harness still verifies it): e.g. Triton kernels running in the slow CPU interpreter.
+    auto_dispatch: bool = True
 
     def implements(self, op: str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
                    check=None, numerics=None):
@@ -247,6 +250,7 @@ def dispatch(op: str, params: Mapping[str, Any], backend: str | None) -> Impl:
         return _chosen(b.impls[op], params)
     order = [n for n in DEFAULT_PRIORITY if n in _BACKENDS]
     order += [n for n in _BACKENDS if n not in order]
+    order = [n for n in order if _BACKENDS[n].auto_dispatch]
     reasons = []
     for name in order:
         reason = _BACKENDS[name].why_unsupported(op, params)

@@ -14,6 +14,7 @@ Distributions (``dist["kind"]``):
 ``zero_rows``   N(0, scale^2) with a fraction ``frac`` of rows (leading index) set to 0
 ``integers``    integers in [-hi, hi]: exact products and sums, so low-precision outputs
                 land exactly on rounding ties
+``specials``    N(0, 1) with a fraction ``frac`` replaced by NaN, +Inf, -Inf or -0.0
 ``quant_edges`` for quantizers of format ``fmt`` with blocks of ``block`` along the last dim:
                 every block holds exact codes and exact midpoints between adjacent codes
                 (element rounding ties) at a random power-of-two scale, and one element at
@@ -60,6 +61,13 @@ def generate(dist: dict, shape, dtype: torch.dtype, seed: int, device="cpu") -> 
         e = torch.log2(torch.tensor(tiny, dtype=torch.float64)) + torch.empty(
             shape, dtype=torch.float64).uniform_(-mant, 2, generator=g)
         x = _signs(shape, g) * torch.exp2(e)
+    elif kind == "specials":
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        pick = torch.rand(shape, generator=g, dtype=torch.float64)
+        special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0],
+                               dtype=torch.float64)
+        which = torch.randint(0, 4, shape, generator=g)
+        x = torch.where(pick < dist["frac"], special[which], x)
     elif kind == "quant_edges":
         x = _quant_edges(dist, shape, dtype, g)
     elif kind == "integers":

@@ -1,7 +1,9 @@
-"""Shared helpers of test_quant_tiers.py: quantize case builders, a spec variant that feeds a
-crafted x through the real quantize spec (reference, checks and pairwise checks unchanged),
-an independent re-quantization under arbitrary E8M0 scales, alternative RCEIL scale rules, and
-runner assertions.
+"""Shared helpers of the quantization tier tests (test_quant_tiers_primitives.py,
+test_quant_seeded_bugs.py, test_quant_legit_differences.py): quantize case builders, a spec
+variant that feeds a crafted x through the real quantize spec (reference, checks and pairwise
+checks unchanged), an independent re-quantization under arbitrary E8M0 scales, alternative RCEIL
+scale rules, runner assertions, and the inputs, recipes and backends more than one of those
+files uses.
 
 Wrong backends wrap the torch backend's implementation (``TORCH_Q``) and corrupt one thing; the
 re-quantization helpers reuse the torch backend's (correct) element casts so that each seeded
@@ -18,6 +20,7 @@ import tealite
 from tealite.backends.torch import quantize as TQB
 from tealite.formats import ElementRounding, get_format
 from tealite.ops.quantize import QuantizedTensor
+from tealite_verify import tolerance_quant as TQ
 from tealite_verify.references import quantize as ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
@@ -208,3 +211,110 @@ def disagreeing_amaxes(fmt: str, rule=None) -> np.ndarray:
     a = near_pow2_times_max(fmt)
     with np.errstate(under="ignore"):
         return a[rule(a, fmt) != ref.e8m0_scale(a, fmt, "rceil")]
+
+
+# ---- inputs, recipes and backends shared by the tier test files ----------------------------
+
+A_E4M3 = 2.6331075e-36  # 448 * 2^-127 + 1 ulp: float64 RCEIL byte 1, reference byte 0
+A_E2M1 = 3.5264833e-38  # 6 * 2^-127 + 1 ulp: likewise
+
+
+def _current(fmt="e4m3", gran="tensor", pow2=False):
+    return {"kind": "current", "fmt": fmt, "granularity": gran, "force_pow2_scales": pow2,
+            "amax_epsilon": 0.0}
+
+
+def _block(fmt="e4m3", block=(128, 128), pow2=False):
+    return {"kind": "block", "fmt": fmt, "block": list(block), "force_pow2_scales": pow2,
+            "amax_epsilon": 0.0}
+
+
+NORMAL = {"kind": "normal", "scale": 1.0}
+
+
+def _tiny_x():
+    x = torch.full((2, 32), 1.0)
+    x[0] = torch.tensor(1e-45) * torch.arange(32).remainder(2)  # block amax 1e-45
+    assert x[0].max().item() > 0
+    return x
+
+
+def _ties_away_fn(x, recipe, **kw):
+    q = TORCH_Q(x, dataclasses.replace(recipe, element_rounding=ElementRounding.TIES_AWAY),
+                **kw)
+    q.recipe = recipe
+    return q
+
+
+def _rescaler_x(fmt, where="exact"):
+    """float32 (2, 96) whose block 0 (row 1 negated) holds an ambiguous amax and elements that
+    are subnormal codes under the reference scale; blocks 1, 2 are ordinary.
+
+    ``where="exact"``: amax = max * 2^3 exactly (reference exponent 3; 4 is the legitimate
+    alternative of a ratio rounded up).  ``where="f64"``: amax = max * 2^-127 + 1 ulp
+    (A_E4M3 / A_E2M1: reference byte 0, exact ratio byte 1).  Element multiples of the code
+    step: halving 1.375 steps rounds to 1 then 0.5 -> 0, re-quantizing 0.6875 gives 1."""
+    fmax = get_format(fmt).max
+    step = 2.0 ** -9 if fmt == "e4m3" else 0.5  # smallest subnormal code
+    if where == "exact":
+        a, unit = fmax * 8.0, step * 8.0
+    else:
+        a, unit = (A_E4M3 if fmt == "e4m3" else A_E2M1), step * 2.0 ** -127
+    mults = ([1.375, 2.75, 3.375, 5.5, 0.6875, 1.625, 6.5, 7.25, 0.75, 10.5, 13.5, 1.0]
+             if fmt == "e4m3" else  # e2m1: below the amax, 12 steps
+             [1.375, 2.75, 0.6875, 1.625, 3.25, 5.5, 0.75, 1.0, 4.5, 6.5, 8.5, 10.5])
+    x = torch.zeros(2, 96, dtype=torch.float64)
+    for r, sign in ((0, 1.0), (1, -1.0)):
+        x[r, 0] = sign * a
+        x[r, 1:1 + len(mults)] = sign * torch.tensor(mults, dtype=torch.float64) * unit
+        x[r, 32:64] = torch.linspace(-2.9, 3.1, 32, dtype=torch.float64) * (r + 1)
+        x[r, 64:96] = torch.linspace(0.01, 5, 32, dtype=torch.float64) * 100
+    x = x.float()
+    assert x[0, 0].item() == F32(a) and (x[0, 1:13].double() / unit).tolist() == mults
+    return x
+
+
+def _up_where_exact_pow2(t, r, s):
+    """A legitimate RCEIL variant: one exponent up where amax / max is exactly a power of two
+    (a ratio rounded up by a last bit), as a GPU could compute."""
+    amax = TQ.block_amax(t.float().numpy()).astype(np.float64)
+    exact = (np.frexp(amax / get_format(r.fmt).max)[0] == 0.5) & (s < 254)
+    return (s.astype(np.int64) + exact).astype(np.uint8)
+
+
+def _f64_rule(t, r, s):
+    return rceil_float64(mx_block_amax(t).numpy(), r.fmt)
+
+
+_RNE_CAST = TQB._fp8_cast_rne
+
+
+# seeded bug (7), test_quant_seeded_bugs.py: the wrong twin of mx_backend_with_scales
+def _rescaling_fn(own_rule, source):
+    """Own scales from ``own_rule``; codes: ``source``'s ("torch" or the numpy "ref"), and
+    where that scale differs by one, its code values multiplied by 2^(e_src - e_own) and cast
+    again (instead of re-quantizing the original values)."""
+    def fn(x, recipe, **kw):
+        def one(t, r):
+            fmt = get_format(r.fmt)
+            k = t.shape[1]
+            if source == "ref":
+                bits, s = ref.mx_quantize(t.float().numpy(), r.fmt, r.scale_rounding.value,
+                                          r.element_rounding.value)
+                codes = torch.from_numpy(bits)
+            else:
+                data, st = TQB._mx_rowwise(t, r)
+                s = st.numpy()
+                codes = TQB._unpack_nibbles(data, k) if fmt.packed else data.view(torch.uint8)
+            own = own_rule(t, r, s)
+            vals = (TQB._e2m1_decode(codes) if fmt.packed
+                    else codes.view(fmt.torch_dtype).float())
+            shift = torch.from_numpy(s.astype(np.int64) - own).repeat_interleave(32, 1)[:, :k]
+            moved = torch.ldexp(vals, shift.float())
+            new = (TQB._e2m1_codes(moved, r.element_rounding) if fmt.packed
+                   else _RNE_CAST(moved, fmt).view(torch.uint8))
+            codes = torch.where(shift != 0, new, codes)
+            data = TQB._pack_nibbles(codes) if fmt.packed else codes.view(fmt.torch_dtype)
+            return data, torch.from_numpy(np.asarray(own, np.uint8))
+        return per_direction(x, recipe, kw["rowwise"], kw["columnwise"], one)
+    return fn

@@ -1,0 +1,40 @@
+"""Loads and stores that give the same bits on GPUs and in Triton's CPU interpreter.
+
+Measured with triton 3.9's interpreter (TRITON_INTERPRET=1): a bf16 load of a *subnormal*
+value converts it wrongly (7.62e-39 reads as 3.49e-39), and an fp32 -> bf16 store truncates
+instead of rounding to nearest-even (0.3923 -> 0.390625, want 0.392578125).  So bf16 tensors
+travel as int16 bit patterns (the host passes ``t.view(torch.int16)``) and are converted here
+with integer operations: exact widening, and RNE narrowing with NaN kept quiet.  On a GPU this
+costs two integer ops per element and gives the same bits as the native conversions.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def as_kernel_arg(t: torch.Tensor) -> torch.Tensor:
+    """What the host passes for a tensor the kernel reads or writes with load_f32/store_f32."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+@triton.jit
+def load_f32(ptr, offs, mask, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        bits = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_f32(ptr, offs, v, mask, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        bits = v.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # RNE on the dropped 16 bits
+        quiet_nan = (bits >> 16) | 0x40
+        out = tl.where(v != v, quiet_nan, rounded)
+        tl.store(ptr + offs, out.to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,207 @@
+"""FP8 quantization kernels (per-tensor / per-row current scaling, delayed scaling) and amax.
+
+FP8 codes are built from fp32 arithmetic and integer bit operations, not with ``.to(fp8)``:
+the same source then gives the same bits on NVIDIA, on gfx942 (FNUZ, where OCP casts do not
+exist), on gfx950, and in the interpreter (whose fp32 -> fp8 cast rounds ties away and
+collapses part of the top binade).  Rounding to the format's grid uses the fp32 "magic
+number" trick: for |v| with unbiased exponent e and target spacing 2^s
+(s = max(e, emin) - mbits), (|v| + 2^(s+23)) - 2^(s+23) is |v| rounded to nearest-even on
+that grid, because the sum's fp32 ulp is exactly 2^s.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tealite import recipes as R
+from tealite.backends.triton import BACKEND, DEVICES
+from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.formats import Saturation, get_format
+from tealite.ops.quantize import QuantizedTensor
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_BLOCK = 1024
+_MAX_ROW = 65536
+
+
+@triton.jit
+def _encode_fp8(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr):
+    """uint8 FP8 codes of fp32 values ``v`` (RNE, saturating to +-fmax)."""
+    bits = v.to(tl.int32, bitcast=True)
+    neg = bits < 0
+    is_nan = v != v
+    a = tl.minimum(tl.abs(v), fmax)
+    a = tl.where(is_nan, 0.0, a)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    s = tl.maximum(e, EMIN) - MBITS
+    magic = ((s + 23 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (a + magic) - magic
+    r = tl.minimum(r, fmax)
+    rb = r.to(tl.int32, bitcast=True)
+    re = ((rb >> 23) & 0xFF) - 127
+    normal = re >= EMIN
+    mant_n = (rb >> (23 - MBITS)) & ((1 << MBITS) - 1)
+    code_n = ((re + BIAS) << MBITS) | mant_n
+    # Subnormal codes: r / 2^(EMIN - MBITS) is a small exact integer.
+    code_s = (r * SUB_SCALE).to(tl.int32)  # SUB_SCALE = 2^(MBITS - EMIN), exact
+    code = tl.where(normal, code_n, code_s)
+    if FNUZ:
+        sign = tl.where(neg & (code != 0), 0x80, 0)  # FNUZ has no -0
+    else:
+        sign = tl.where(neg, 0x80, 0)
+    code = code | sign
+    if FNUZ:
+        code = tl.where(is_nan, NAN_CODE, code)
+    else:
+        code = tl.where(is_nan, NAN_CODE | tl.where(neg, 0x80, 0), code)
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def _te_scale(amax, fmax, eps, POW2: tl.constexpr):
+    """TE's compute_scale_from_amax in fp32 (see tealite.recipes)."""
+    a = tl.maximum(amax, eps)
+    a = tl.where(amax != amax, amax, a)
+    scale = fmax / a
+    scale = tl.where(scale == float("inf"), 3.4028234663852886e38, scale)
+    bad = (a == 0.0) | (a != a) | (a == float("inf"))
+    scale = tl.where(bad, 1.0, scale)
+    if POW2:
+        scale = (scale.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    return scale
+
+
+@triton.jit
+def _partial_amax_kernel(x_ptr, out_ptr, n, X_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = load_f32(x_ptr, offs, offs < n, X_BF16)
+    a = tl.max(tl.abs(x), axis=0)
+    # tl.max drops NaN; the amax contract propagates it.
+    has_nan = tl.max((x != x).to(tl.int32), axis=0) > 0
+    tl.store(out_ptr + pid, tl.where(has_nan, float("nan"), a))
+
+
+@triton.jit
+def _quantize_tensor_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, sinv_ptr, n, fmax, eps,
+                            GIVEN: tl.constexpr, POW2: tl.constexpr, MBITS: tl.constexpr,
+                            EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                            NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                            X_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    if GIVEN:
+        scale = tl.load(scale_ptr)
+    else:
+        scale = _te_scale(tl.load(amax_ptr), fmax, eps, POW2)
+    if pid == 0:
+        tl.store(sinv_ptr, 1.0 / scale)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = load_f32(x_ptr, offs, mask, X_BF16)
+    code = _encode_fp8(x * scale, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE)
+    tl.store(q_ptr + offs, code, mask=mask)
+
+
+@triton.jit
+def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, K, fmax, eps, POW2: tl.constexpr,
+                         MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                         FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                         X_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < K
+    x = load_f32(x_ptr, row * K + cols, mask, X_BF16)
+    amax = tl.max(tl.abs(x), axis=0)
+    amax = tl.where(tl.max((x != x).to(tl.int32), axis=0) > 0, float("nan"), amax)
+    scale = _te_scale(amax, fmax, eps, POW2)
+    tl.store(sinv_ptr + row, 1.0 / scale)
+    code = _encode_fp8(x * scale, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE)
+    tl.store(q_ptr + row * K + cols, code, mask=mask)
+
+
+def _fmt_constants(fmt) -> dict:
+    bias = 8 if fmt.name == "e4m3fnuz" else 16 if fmt.name == "e5m2fnuz" else \
+        (1 << (fmt.bits - 1 - fmt.mbits - 1)) - 1
+    emin = 1 - bias
+    nan_code = 0x80 if fmt.fnuz else (0x7F if fmt.name == "e4m3" else 0x7E)
+    return dict(MBITS=fmt.mbits, EMIN=emin, BIAS=bias, FNUZ=fmt.fnuz, NAN_CODE=nan_code,
+                SUB_SCALE=float(2.0 ** (fmt.mbits - emin)))
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    n = x.numel()
+    if n == 0:
+        return torch.zeros(1, dtype=torch.float32, device=x.device)
+    grid = triton.cdiv(n, _BLOCK)
+    partial = torch.empty(grid, dtype=torch.float32, device=x.device)
+    _partial_amax_kernel[(grid,)](as_kernel_arg(x.contiguous().reshape(-1)), partial, n,
+                                  X_BF16=x.dtype == torch.bfloat16, BLOCK=_BLOCK)
+    if torch.isnan(partial).any():
+        return torch.full((1,), float("nan"), device=x.device)
+    return partial.amax().reshape(1)
+
+
+def _rowwise(x: torch.Tensor, recipe, scale):
+    fmt = get_format(recipe.fmt)
+    m, k = x.shape
+    x = x.contiguous()
+    codes = torch.empty((m, k), dtype=torch.uint8, device=x.device)
+    consts = dict(_fmt_constants(fmt), X_BF16=x.dtype == torch.bfloat16)
+    xk = as_kernel_arg(x)
+    pow2 = getattr(recipe, "force_pow2_scales", False)
+    eps = getattr(recipe, "amax_epsilon", 0.0)
+    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
+        sinv = torch.empty(m, dtype=torch.float32, device=x.device)
+        if m and k:
+            _quantize_row_kernel[(m,)](xk, codes, sinv, k, fmt.max, eps, POW2=pow2,
+                                       BLOCK=triton.next_power_of_2(k), **consts)
+        elif m:
+            sinv.fill_(1.0)
+        return codes.view(fmt.torch_dtype), sinv
+    sinv = torch.empty(1, dtype=torch.float32, device=x.device)
+    given = isinstance(recipe, R.DelayedScaling)
+    amax = None if given else _amax(x)
+    n = x.numel()
+    grid = max(1, triton.cdiv(n, _BLOCK))
+    _quantize_tensor_kernel[(grid,)](xk.reshape(-1), codes.reshape(-1), scale if given else sinv,
+                                     sinv if given else amax, sinv, n, fmt.max, eps,
+                                     GIVEN=given, POW2=pow2, BLOCK=_BLOCK, **consts)
+    return codes.view(fmt.torch_dtype), sinv
+
+
+def _why_not(params) -> str | None:
+    recipe = params["recipe"]
+    if not isinstance(recipe, (R.Float8CurrentScaling, R.DelayedScaling)):
+        return "triton quantize covers FP8 per-tensor / per-row / delayed scaling so far"
+    if recipe.saturation is not Saturation.SATURATE:
+        return "only saturating casts"
+    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row" and (
+            params["k"] > _MAX_ROW or (params["columnwise"] and params["m"] > _MAX_ROW)):
+        return f"per-row scaling keeps a row in registers (<= {_MAX_ROW})"
+    return None
+
+
+@BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not)
+def quantize(x, recipe, *, rowwise, columnwise, scale):
+    out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape))
+    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
+        out.amax = x.float().abs().amax(dim=1) if x.shape[1] else \
+            torch.zeros(x.shape[0], device=x.device)
+        if x.shape[1]:
+            nan_rows = torch.isnan(x).any(dim=1)
+            out.amax = torch.where(nan_rows, torch.nan, out.amax)
+    else:
+        out.amax = _amax(x)
+    if rowwise:
+        out.data, out.scale_inv = _rowwise(x, recipe, scale)
+    if columnwise:
+        out.columnwise_data, out.columnwise_scale_inv = _rowwise(x.t().contiguous(), recipe,
+                                                                 scale)
+    return out
+
+
+@BACKEND.implements("amax", dtypes=_FLOATS, devices=DEVICES)
+def amax(x):
+    return _amax(x)
