@@ -1,6 +1,7 @@
 """LayerNorm / RMSNorm forward: one program per row, the whole row in registers (fp32 math).
 
-The row is read once; mean, centered variance (two-pass over registers, not E[x^2] - E[x]^2,
+Divisions and square roots are the IEEE-rounded ones (``div_rn``, ``sqrt_rn``): Triton's
+``/`` and ``sqrt`` are approximate on CUDA.  The row is read once; mean, centered variance (two-pass over registers, not E[x^2] - E[x]^2,
 which cancels for rows with a large common offset), rsqrt, scale.  Block size is the next
 power of two of H, which suits both NVIDIA warps (32) and AMD wavefronts (64).
 """
@@ -18,7 +19,7 @@ _MAX_HIDDEN = 65536
 
 
 @triton.jit
-def _norm_fwd_kernel(x_ptr, g_ptr, b_ptr, y_ptr, mean_ptr, rs_ptr, H, eps,
+def _norm_fwd_kernel(x_ptr, g_ptr, b_ptr, y_ptr, mean_ptr, rs_ptr, H, H_F, eps,
                      RMS: tl.constexpr, ZERO_CENTERED: tl.constexpr, X_BF16: tl.constexpr,
                      W_BF16: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -29,14 +30,14 @@ def _norm_fwd_kernel(x_ptr, g_ptr, b_ptr, y_ptr, mean_ptr, rs_ptr, H, eps,
     if ZERO_CENTERED:
         g = g + 1.0
     if RMS:
-        ms = tl.sum(x * x, axis=0) / H
-        rs = 1.0 / tl.sqrt(ms + eps)
+        ms = tl.math.div_rn(tl.sum(x * x, axis=0), H_F)
+        rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
         y = x * rs * g
     else:
-        mean = tl.sum(x, axis=0) / H
+        mean = tl.math.div_rn(tl.sum(x, axis=0), H_F)
         xc = tl.where(mask, x - mean, 0.0)
-        var = tl.sum(xc * xc, axis=0) / H
-        rs = 1.0 / tl.sqrt(var + eps)
+        var = tl.math.div_rn(tl.sum(xc * xc, axis=0), H_F)
+        rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
         b = load_f32(b_ptr, cols, mask, W_BF16)
         y = xc * rs * g + b
         tl.store(mean_ptr + row, mean)
@@ -65,7 +66,8 @@ def _launch(x, gamma, beta, eps, zero_centered_gamma, rms):
         g = gamma.contiguous()
         b = g if beta is None else beta.contiguous()
         _norm_fwd_kernel[(rows,)](as_kernel_arg(x2), as_kernel_arg(g), as_kernel_arg(b),
-                                  as_kernel_arg(y), mean, rs, hidden, eps, RMS=rms,
+                                  as_kernel_arg(y), mean, rs, hidden, float(hidden), eps,
+                                  RMS=rms,
                                   ZERO_CENTERED=zero_centered_gamma,
                                   X_BF16=x.dtype == torch.bfloat16,
                                   W_BF16=gamma.dtype == torch.bfloat16, BLOCK=block,
