@@ -156,11 +156,9 @@ def _rowwise(x: torch.Tensor, recipe, scale):
     eps = getattr(recipe, "amax_epsilon", 0.0)
     if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
         sinv = torch.empty(m, dtype=torch.float32, device=x.device)
-        if m and k:
+        if m:  # K == 0 still needs the scale rule (amax 0, or amax_epsilon)
             _quantize_row_kernel[(m,)](xk, codes, sinv, k, fmt.max, eps, POW2=pow2,
-                                       BLOCK=triton.next_power_of_2(k), **consts)
-        elif m:
-            sinv.fill_(1.0)
+                                       BLOCK=max(1, triton.next_power_of_2(k)), **consts)
         return codes.view(fmt.torch_dtype), sinv
     sinv = torch.empty(1, dtype=torch.float32, device=x.device)
     given = isinstance(recipe, R.DelayedScaling)
