@@ -22,6 +22,7 @@ from tealite.ops.quantize import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _BLOCK = 1024
+_WARPS = 4
 _MAX_ROW = 65536
 
 
@@ -107,7 +108,7 @@ def _quantize_tensor_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, sinv_ptr, n, fmax
 
 
 @triton.jit
-def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, K, fmax, eps, POW2: tl.constexpr,
+def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, amax_ptr, K, fmax, eps, POW2: tl.constexpr,
                          MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
                          FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                          X_BF16: tl.constexpr, BLOCK: tl.constexpr):
@@ -118,6 +119,7 @@ def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, K, fmax, eps, POW2: tl.constexp
     amax = tl.max(tl.abs(x), axis=0)
     amax = tl.where(tl.max((x != x).to(tl.int32), axis=0) > 0, float("nan"), amax)
     scale = _te_scale(amax, fmax, eps, POW2)
+    tl.store(amax_ptr + row, amax)
     tl.store(sinv_ptr + row, tl.math.div_rn(1.0, scale))
     code = _encode_fp8(x * scale, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE)
     tl.store(q_ptr + row * K + cols, code, mask=mask)
@@ -139,13 +141,13 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
     grid = triton.cdiv(n, _BLOCK)
     partial = torch.empty(grid, dtype=torch.float32, device=x.device)
     _partial_amax_kernel[(grid,)](as_kernel_arg(x.contiguous().reshape(-1)), partial, n,
-                                  X_BF16=x.dtype == torch.bfloat16, BLOCK=_BLOCK)
-    if torch.isnan(partial).any():
-        return torch.full((1,), float("nan"), device=x.device)
-    return partial.amax().reshape(1)
+                                  X_BF16=x.dtype == torch.bfloat16, BLOCK=_BLOCK,
+                                  num_warps=_WARPS)
+    return partial.amax().reshape(1)  # NaN-propagating, and no host synchronisation
 
 
-def _rowwise(x: torch.Tensor, recipe, scale):
+def _rowwise(x: torch.Tensor, recipe, scale, amax):
+    """(codes, scale_inv, row amax or None) of x; ``amax`` is the tensor amax (per-tensor)."""
     fmt = get_format(recipe.fmt)
     m, k = x.shape
     x = x.contiguous()
@@ -156,19 +158,22 @@ def _rowwise(x: torch.Tensor, recipe, scale):
     eps = getattr(recipe, "amax_epsilon", 0.0)
     if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
         sinv = torch.empty(m, dtype=torch.float32, device=x.device)
+        row_amax = torch.empty(m, dtype=torch.float32, device=x.device)
         if m:  # K == 0 still needs the scale rule (amax 0, or amax_epsilon)
-            _quantize_row_kernel[(m,)](xk, codes, sinv, k, fmt.max, eps, POW2=pow2,
-                                       BLOCK=max(1, triton.next_power_of_2(k)), **consts)
-        return codes.view(fmt.torch_dtype), sinv
+            block = max(1, triton.next_power_of_2(k))
+            _quantize_row_kernel[(m,)](xk, codes, sinv, row_amax, k, fmt.max, eps, POW2=pow2,
+                                       BLOCK=block, num_warps=min(16, max(4, block // 256)),
+                                       **consts)
+        return codes.view(fmt.torch_dtype), sinv, row_amax
     sinv = torch.empty(1, dtype=torch.float32, device=x.device)
     given = isinstance(recipe, R.DelayedScaling)
-    amax = None if given else _amax(x)
     n = x.numel()
     grid = max(1, triton.cdiv(n, _BLOCK))
     _quantize_tensor_kernel[(grid,)](xk.reshape(-1), codes.reshape(-1), scale if given else sinv,
                                      sinv if given else amax, sinv, n, fmt.max, eps,
-                                     GIVEN=given, POW2=pow2, BLOCK=_BLOCK, **consts)
-    return codes.view(fmt.torch_dtype), sinv
+                                     GIVEN=given, POW2=pow2, BLOCK=_BLOCK, num_warps=_WARPS,
+                                     **consts)
+    return codes.view(fmt.torch_dtype), sinv, None
 
 
 def _why_not(params) -> str | None:
@@ -186,19 +191,18 @@ def _why_not(params) -> str | None:
 @BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape))
-    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
-        out.amax = x.float().abs().amax(dim=1) if x.shape[1] else \
-            torch.zeros(x.shape[0], device=x.device)
-        if x.shape[1]:
-            nan_rows = torch.isnan(x).any(dim=1)
-            out.amax = torch.where(nan_rows, torch.nan, out.amax)
-    else:
-        out.amax = _amax(x)
+    per_row = isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row"
+    amax = None if per_row else _amax(x)  # one pass, shared by both directions
     if rowwise:
-        out.data, out.scale_inv = _rowwise(x, recipe, scale)
+        out.data, out.scale_inv, row_amax = _rowwise(x, recipe, scale, amax)
     if columnwise:
-        out.columnwise_data, out.columnwise_scale_inv = _rowwise(x.t().contiguous(), recipe,
-                                                                 scale)
+        out.columnwise_data, out.columnwise_scale_inv, _ = _rowwise(x.t().contiguous(), recipe,
+                                                                    scale, amax)
+    if per_row:
+        # The row amax comes from the rowwise kernel; columnwise-only needs its own pass.
+        out.amax = row_amax if rowwise else _rowwise(x, recipe, scale, None)[2]
+    else:
+        out.amax = amax
     return out
 
 
