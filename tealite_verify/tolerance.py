@@ -285,7 +285,7 @@ def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Mapping[str, Any]
     return with_output_rounding(ref, e_c, out_dtype, roundings=roundings)
 
 
-def gemm_error(p_abs, p, k: int, in_dtype, numerics: Mapping[str, Any]) -> np.ndarray:
+def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:
     """Bound on |computed P - P| for P = op(B) @ op(A) before the epilogue.
 
     ``p_abs`` = |op(B)| @ |op(A)| and ``p`` = the exact product, both float64.
@@ -314,7 +314,7 @@ def gemm_error(p_abs, p, k: int, in_dtype, numerics: Mapping[str, Any]) -> np.nd
     return err
 
 
-def gemm_tolerances(p_abs, p, pre, k: int, in_dtype, out_dtype, numerics, *, alpha: float,
+def gemm_tolerances(p_abs, p, pre, k: int, out_dtype, numerics, *, alpha: float,
                     epilogue_abs, gelu_out=None) -> dict[str, np.ndarray]:
     """Bounds for the ``gemm`` tier: {"pre": ..., "out": ...}.
 
@@ -322,7 +322,7 @@ def gemm_tolerances(p_abs, p, pre, k: int, in_dtype, out_dtype, numerics, *, alp
     ``gelu_out`` the exact GELU output (None without GELU).
     """
     u_c = unit_roundoff(compute_dtype(numerics))
-    e_p = gemm_error(p_abs, p, k, in_dtype, numerics)
+    e_p = gemm_error(p_abs, p, k, numerics)
     e_pre = abs(alpha) * e_p + 3 * u_c * (abs(alpha) * (np.abs(p) + e_p) + epilogue_abs)
     tol = {"pre": e_pre + 0.5 * ulp(out_dtype, np.abs(pre) + e_pre)}
     if gelu_out is None:

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
+import torch
 
 from tealite_verify.references import quantize as ref
-from tealite_verify.tolerance import Metrics
+from tealite_verify.tolerance import Metrics, compare_bounded
 
 RCEIL_AMBIGUITY = 2.0 ** -22
 
@@ -153,7 +155,6 @@ def dequantized_bound(x, scale, fmt: str, *, dequant_dtype_u: float = 2.0 ** -24
     the cast, scale_inv = 1/scale, code x scale_inv, and the dequantized output).  This is the ``dequantized`` tier: it compares values, not codes, so it can judge
     two recipes (or two backends with different rounding conventions) against each other.
     """
-    import ml_dtypes
     info = ml_dtypes.finfo(ref.ML_DTYPES[fmt])
     mant, emin = int(info.nmant), int(info.minexp)
     x = np.abs(np.asarray(x, np.float64))
@@ -168,10 +169,6 @@ def dequantized_bound(x, scale, fmt: str, *, dequant_dtype_u: float = 2.0 ** -24
 
 
 def check_dequantized(y, x, bound, *, tier: str = "dequantized") -> Metrics:
-    """|y - x| <= bound, where x is finite; NaN/Inf outputs are counted (excused) only where
-    x itself is non-finite or the recipe overflows to NaN/Inf (bound is inf there)."""
-    from tealite_verify.tolerance import compare_bounded
-    import torch
-    m = compare_bounded(torch.as_tensor(np.asarray(y, np.float64)), np.asarray(x, np.float64),
-                        np.asarray(bound, np.float64), torch.float64, tier=tier)
-    return m
+    """|y - x| <= bound elementwise (NaN matches NaN, Inf matches the same Inf)."""
+    return compare_bounded(torch.as_tensor(np.asarray(y, np.float64)), np.asarray(x, np.float64),
+                           np.asarray(bound, np.float64), torch.float64, tier=tier)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from tealite.ops.activations import GATED
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
+from tealite_verify.specs.gemm import make_case
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 NUM32 = {"compute_dtype": FP32}
@@ -37,13 +38,7 @@ def _round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bits.view(FP32).to(dtype)
 
 
-def _gemm_case(layout, dtype, m, n, k, **kw):
-    case = {"m": m, "n": n, "k": k, "layout": layout, "dtype": dtype, "out_dtype": dtype,
-            "bias": False, "gelu": False, "alpha": 1.0, "beta": 0.0,
-            "dist_a": {"kind": "normal", "scale": 1.0},
-            "dist_b": {"kind": "normal", "scale": 1.0}, "seed": 1234}
-    case.update(kw)
-    return case
+_gemm_case = make_case  # the gemm spec's own case builder
 
 
 def _act_case(kind, shape, dtype, seed=11, scale=2.0):

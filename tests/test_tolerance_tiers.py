@@ -96,7 +96,7 @@ def _gemm_data(dtype, m, n, k, dist, seed):
 
 def _gemm_tol(p, p_abs, k, in_dt, out_dt, numerics=NUM32, alpha=1.0):
     # ``p`` is the product before alpha; ``pre`` = alpha * p (no beta, no bias here).
-    return T.gemm_tolerances(p_abs, p, alpha * p, k, in_dt, out_dt, numerics,
+    return T.gemm_tolerances(p_abs, p, alpha * p, k, out_dt, numerics,
                              alpha=alpha, epilogue_abs=np.zeros_like(p))["out"]
 
 

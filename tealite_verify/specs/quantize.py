@@ -123,7 +123,7 @@ def _mx_expected(x, prefix, r) -> dict:
                             check_pair=pair_codes)}
 
 
-def _fp8_expected(x, prefix, r, case) -> dict:
+def _fp8_expected(x, prefix, r) -> dict:
     gran = {"current": None, "block": "block", "delayed": "given"}[r["kind"]]
     gran = gran or r["granularity"]
     bits, scale_inv, _ = ref.fp8_quantize(
@@ -160,7 +160,7 @@ def reference(inputs, case):
         if flag:
             t = np.ascontiguousarray(t)
             expected.update(_mx_expected(t, prefix, r) if r["kind"] == "mx"
-                            else _fp8_expected(t, prefix, r, case))
+                            else _fp8_expected(t, prefix, r))
     if r["kind"] in ("delayed",) or (r["kind"] == "current" and r["granularity"] == "tensor"):
         expected["amax"] = Expected(ref.amax(x).reshape(1), torch.float32, "exact")
     elif r["kind"] == "current":
@@ -184,7 +184,7 @@ def dq_make_inputs(case, device):
         data = torch.from_numpy(ref.pack_e2m1(bits) if r["fmt"] == "e2m1" else bits)
         scale_inv = torch.from_numpy(scales)
     else:
-        exp = _fp8_expected(x, "", r, case)
+        exp = _fp8_expected(x, "", r)
         data = torch.from_numpy(exp["data"].value)
         scale_inv = torch.from_numpy(np.asarray(exp["scale_inv"].value))
     fmt = get_format(r["fmt"])
