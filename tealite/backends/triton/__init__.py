@@ -36,4 +36,9 @@ BACKEND = register_backend(Backend(
     description="tealite Triton kernels (GPU, or the CPU interpreter with TRITON_INTERPRET=1)"))
 
 if HAVE_TRITON:
-    from tealite.backends.triton import norms, quantize  # noqa: E402,F401
+    # Every public module of this package registers its kernels on import.
+    import importlib as _importlib
+    import pkgutil as _pkgutil
+    for _mod in _pkgutil.iter_modules(__path__):
+        if not _mod.name.startswith("_"):
+            _importlib.import_module(f"{__name__}.{_mod.name}")
