@@ -1,0 +1,157 @@
+"""Time candidate configs of tealite's Triton quantized GEMM against torch._scaled_mm (CUDA).
+
+    python benchmarks/qgemm_configs.py            # 8192^3, about 2 minutes on an H100
+    python benchmarks/qgemm_configs.py --size 4096 --quick
+
+Kinds: FP8 e4m3 per-tensor and per-row (baselines: torch._scaled_mm per-tensor and rowwise,
+bf16 out), FP8 block 1x128 activations x 128x128 weights, MXFP8 (e4m3, E8M0 per 32) and MXFP4
+(E2M1 decoded to fp16).  Each candidate config is compiled and timed with
+triton.testing.do_bench (median); a config that fails to compile or launch is reported and
+skipped.  The row marked '*' is the config the backend picks by default.  Issue 4's target:
+per-tensor >= 80 % of torch._scaled_mm.  Per-tensor results are checked against
+torch._scaled_mm on the same codes (max relative difference, a gross-error guard only).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from tealite import recipes as R
+
+
+
+def _configs():
+    from tealite.backends.triton.qgemm import QGemmConfig as C
+    fp8 = [C(128, 256, 128, 8, 8, 3), C(128, 256, 128, 8, 8, 4), C(256, 128, 128, 8, 8, 3),
+           C(128, 128, 128, 8, 8, 4), C(128, 256, 64, 8, 8, 4), C(128, 128, 128, 8, 4, 4)]
+    block = [C(128, 128, 128, 8, 8, 4), C(128, 128, 128, 8, 8, 3), C(128, 256, 128, 8, 8, 3),
+             C(64, 256, 128, 8, 8, 3)]
+    mx = [C(128, 128, 32, 8, 8, 6), C(128, 128, 32, 8, 8, 8), C(128, 256, 32, 8, 8, 6),
+          C(64, 256, 32, 8, 8, 6)]
+    mxfp4 = [C(128, 128, 32, 8, 8, 4), C(128, 128, 32, 8, 4, 4)]
+    return {"fp8 tensor": fp8, "fp8 row": fp8[:2], "block 1x128x128x128": block,
+            "mxfp8": mx, "mxfp4": mxfp4}
+
+
+def _operands(kind: str, m: int, n: int, k: int, dev: str):
+    """(recipe_a, a codes (N, K), a scales, recipe_b, b codes (M, K), b scales)."""
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def fp8(rows):
+        return (torch.randn(rows, k, device=dev, generator=g) * 4).to(torch.float8_e4m3fn)
+
+    if kind == "fp8 tensor":
+        r = R.Float8CurrentScaling()
+        return r, fp8(n), torch.full((1,), 0.02, device=dev), r, fp8(m), \
+            torch.full((1,), 0.03, device=dev)
+    if kind == "fp8 row":
+        r = R.Float8CurrentScaling(granularity="row")
+        return r, fp8(n), torch.rand(n, device=dev, generator=g) + 0.5, r, fp8(m), \
+            torch.rand(m, device=dev, generator=g) + 0.5
+    if kind.startswith("block"):
+        kb = -(-k // 128)
+        return (R.Float8BlockScaling(block=(128, 128)), fp8(n),
+                torch.rand(-(-n // 128), kb, device=dev, generator=g) + 0.5,
+                R.Float8BlockScaling(block=(1, 128)), fp8(m),
+                torch.rand(m, kb, device=dev, generator=g) + 0.5)
+    kb = -(-k // 32)
+
+    def e8m0(rows):
+        return torch.randint(120, 134, (rows, kb), device=dev, generator=g, dtype=torch.uint8)
+
+    if kind == "mxfp8":
+        r = R.MXFP8BlockScaling()
+        return r, fp8(n), e8m0(n), r, fp8(m), e8m0(m)
+    r = R.MXFP4BlockScaling()
+
+    def fp4(rows):  # every byte is two valid E2M1 codes
+        return torch.randint(0, 256, (rows, k // 2), device=dev, generator=g, dtype=torch.uint8)
+
+    return r, fp4(n), e8m0(n), r, fp4(m), e8m0(m)
+
+
+def _scaled_mm_baselines(m, n, k, dev, do_bench):
+    a = (torch.randn(n, k, device=dev) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(m, k, device=dev) * 4).to(torch.float8_e4m3fn)
+    one = torch.ones((), device=dev)
+    t_tensor = do_bench(lambda: torch._scaled_mm(b, a.t(), scale_a=one, scale_b=one,
+                                                 out_dtype=torch.bfloat16), return_mode="median")
+    sr, sc = torch.rand(m, 1, device=dev) + 0.5, torch.rand(1, n, device=dev) + 0.5
+    t_row = do_bench(lambda: torch._scaled_mm(b, a.t(), scale_a=sr, scale_b=sc,
+                                              out_dtype=torch.bfloat16), return_mode="median")
+    return t_tensor, t_row
+
+
+def _check_against_scaled_mm(kind, ops, out, m, n) -> float | None:
+    """Max |triton - scaled_mm| / max|scaled_mm| on the same codes (per-tensor / per-row)."""
+    if not kind.startswith("fp8"):
+        return None
+    ra, a, sa, rb, b, sb = ops
+    if kind == "fp8 tensor":
+        s_b, s_a = sb.reshape(()), sa.reshape(())
+    else:
+        s_b, s_a = sb.reshape(m, 1), sa.reshape(1, n)
+    ref = torch._scaled_mm(b, a.t(), scale_a=s_b, scale_b=s_a, out_dtype=torch.float32)
+    return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=8192, help="M = N = K")
+    p.add_argument("--quick", action="store_true", help="default config of each kind only")
+    p.add_argument("--budget", type=float, default=150.0,
+                   help="seconds after which no new config is started (the run stays < 3 min)")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a GPU (CUDA or ROCm); nothing to do")
+        return 0
+    from triton.testing import do_bench
+
+    from tealite.backends.triton import qgemm as tq
+    dev = "cuda"
+    m = n = k = args.size
+    flops = 2.0 * m * n * k
+    start = time.time()
+    t_tensor, t_row = _scaled_mm_baselines(m, n, k, dev, do_bench)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {__import__('triton').__version__}, M=N=K={m}")
+    print(f"torch._scaled_mm per-tensor {flops / t_tensor / 1e9:7.0f} TFLOP/s ({t_tensor:.3f} ms)"
+          f", rowwise {flops / t_row / 1e9:7.0f} TFLOP/s ({t_row:.3f} ms)")
+    print(f"{'kind':22s} {'config':24s} {'ms':>8s} {'TFLOP/s':>8s} {'% sc_mm':>8s} "
+          f"{'rel.diff':>9s}")
+    for kind, configs in _configs().items():
+        ops = _operands(kind, m, n, k, dev)
+        ra, a, sa, rb, b, sb = ops
+        native = tq.dot_fp8(ra.fmt, rb.fmt, a.device)
+        family = "mx" if kind.startswith("mx") else "block" if kind.startswith("block") else "fp8"
+        default = tq.pick_config(family, native, m, n, a.device)
+        todo = [default] + [c for c in configs if c != default and not args.quick]
+        base = t_row if kind == "fp8 row" else t_tensor
+        for cfg in todo:
+            if time.time() - start > args.budget:
+                print(f"{kind:22s} {cfg.name():24s} skipped (time budget)")
+                continue
+            try:
+                def run(cfg=cfg):
+                    return tq.launch(ra, a, sa, rb, b, sb, m=m, n=n, k=k,
+                                     out_dtype=torch.bfloat16, bias=None, config=cfg)
+                out = run()
+                ms = do_bench(run, return_mode="median")
+                diff = _check_against_scaled_mm(kind, ops, out, m, n)
+            except Exception as exc:  # report and go on: one bad config must not end the run
+                print(f"{kind:22s} {cfg.name():24s} FAILED {type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:80] if str(exc) else ''}")
+                continue
+            mark = "*" if cfg == default else " "
+            dstr = f"{diff:9.2e}" if diff is not None else f"{'-':>9s}"
+            print(f"{kind:22s} {cfg.name():23s}{mark} {ms:8.3f} {flops / ms / 1e9:8.0f} "
+                  f"{100 * base / ms:7.1f}% {dstr}")
+    print(f"total {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
