@@ -46,14 +46,19 @@ def _check(case, backends=("torch", "triton")):
 
 
 def _assert_caught(case, wrong):
-    """torch passes; ``wrong`` runs and fails against the reference and pairwise vs torch."""
+    """torch passes; ``wrong`` runs and fails against the reference (and pairwise vs torch on
+    the CPU)."""
     report = run_case(get_spec("gemm"), case, backends=["torch", wrong], device=DEVICE)
     info = report.describe()
     assert all(o.status == "ok" for o in report.outcomes.values()), info
     failed = {(c.lhs, c.rhs) for c in report.failures}
     assert ("torch", "reference") not in failed, info
     assert (wrong, "reference") in failed, "not caught against the reference:\n" + info
-    assert ("torch", wrong) in failed, "not caught pairwise against torch:\n" + info
+    if DEVICE == "cpu":
+        # On CUDA torch declares cuBLAS's reduced-precision split-K sums, so the pairwise
+        # bound (the sum of both bounds) is wider than some seeded errors (measured on an
+        # H100: the fp16-accumulator bug at 0.13 of it); the reference comparison still fails.
+        assert ("torch", wrong) in failed, "not caught pairwise against torch:\n" + info
 
 
 # ---- the correct kernel -------------------------------------------------------------------------

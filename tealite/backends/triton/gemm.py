@@ -125,17 +125,21 @@ def _gemm_kernel(x_ptr, y_ptr, d_ptr, pre_ptr, bias_ptr, M, N, K, stride_x, stri
         xm = xm.to(tl.int64)
         yn = yn.to(tl.int64)
         rm = rm.to(tl.int64)
+    # Each tile is loaded in its storage orientation (contiguous dim last) and transposed in
+    # registers when it is not already (M, K) / (K, N): measured on an H100 with triton 3.6,
+    # loading a K-contiguous Y directly as a (K, N) tile ran the TN layout at 75 % of the
+    # N-contiguous NN layout's speed.
     if X_K_CONTIG:
-        x_ptrs = x_ptr + xm[:, None] * stride_x + rk[None, :]
+        x_ptrs = x_ptr + xm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
         x_step = BLOCK_K
     else:
-        x_ptrs = x_ptr + xm[:, None] + rk[None, :] * stride_x
+        x_ptrs = x_ptr + xm[None, :] + rk[:, None] * stride_x  # (BLOCK_K, BLOCK_M)
         x_step = BLOCK_K * stride_x
     if Y_K_CONTIG:
-        y_ptrs = y_ptr + rk[:, None] + yn[None, :] * stride_y
+        y_ptrs = y_ptr + rk[None, :] + yn[:, None] * stride_y  # (BLOCK_N, BLOCK_K)
         y_step = BLOCK_K
     else:
-        y_ptrs = y_ptr + rk[:, None] * stride_y + yn[None, :]
+        y_ptrs = y_ptr + rk[:, None] * stride_y + yn[None, :]  # (BLOCK_K, BLOCK_N)
         y_step = BLOCK_K * stride_y
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
@@ -144,8 +148,18 @@ def _gemm_kernel(x_ptr, y_ptr, d_ptr, pre_ptr, bias_ptr, M, N, K, stride_x, stri
             y = tl.load(y_ptrs)
         else:
             k_left = K - kb * BLOCK_K
-            x = tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0)
-            y = tl.load(y_ptrs, mask=rk[:, None] < k_left, other=0)
+            if X_K_CONTIG:
+                x = tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0)
+            else:
+                x = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0)
+            if Y_K_CONTIG:
+                y = tl.load(y_ptrs, mask=rk[None, :] < k_left, other=0)
+            else:
+                y = tl.load(y_ptrs, mask=rk[:, None] < k_left, other=0)
+        if not X_K_CONTIG:
+            x = tl.trans(x)
+        if Y_K_CONTIG:
+            y = tl.trans(y)
         if BF16_BITS:
             # Interpreter only: its bf16 tl.dot multiplies raw bit patterns, so bf16 arrives as
             # int16 bits and is widened exactly to fp32 (products stay exact, see module doc).

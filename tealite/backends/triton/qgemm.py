@@ -88,14 +88,16 @@ def _decode_f16(c, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
     bits = ((tl.maximum(e, 1) + (127 - BIAS)) << 23) | (m << (23 - MBITS))
     v = bits.to(tl.float32, bitcast=True)
     v = tl.where(e == 0, v - MIN_NORMAL, v)
-    v = tl.where(sign != 0, -v, v)
     if SPECIALS == 1:  # OCP E4M3: S.1111.111 is NaN, no infinities
         v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
     if SPECIALS == 2:  # OCP E5M2: IEEE-like, all-ones exponent is Inf (m == 0) or NaN
         special = tl.where(m == 0, float("inf"), float("nan"))
-        v = tl.where(e == (1 << EBITS) - 1, tl.where(sign != 0, -special, special), v)
+        v = tl.where(e == (1 << EBITS) - 1, special, v)
     if SPECIALS == 3:  # FNUZ: the "negative zero" code 0x80 is the single NaN
         v = tl.where(c == 0x80, float("nan"), v)
+    # The sign goes in as a bit: triton 3.6 lowers ``-v`` to ``0 - v`` on CUDA, which turns the
+    # -0 codes into +0 (measured on an H100).
+    v = (v.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
     return v.to(tl.float16)
 
 

@@ -1,0 +1,1 @@
+"""tealite's benchmark suite (pytest-benchmark); see conftest.py and report.py."""

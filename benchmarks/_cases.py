@@ -1,0 +1,121 @@
+"""What the benchmarks run: shapes, quantize variants, exact byte and FLOP counts, targets.
+
+Bandwidth counts the fewest bytes an op must move: every input read once and every output
+written once, as the op's contract lays them out (``tealite/ops/quantize.py``, ``norms.py``).
+An implementation that reads x twice (per-tensor current scaling: an amax pass, then the cast)
+is charged for one read, so its GB/s says how far it is from a single pass.  The copy
+reference is ``dst.copy_(src)`` counted as bytes read + bytes written.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tealite import recipes as R
+from tealite.formats import get_format
+
+# Issue 4 targets (tealite's triton backend on an H100/H200 at the large sizes).
+TARGETS = {
+    "quantize": ("copy", 85.0),
+    "norm": ("copy", 80.0),
+    "gemm": ("torch.matmul", 90.0),
+    "qgemm_fp8": ("torch._scaled_mm", 80.0),
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rows: int          # quantize / norm input (rows, hidden), bf16
+    hidden: int
+    gemm: tuple        # (M, N, K)
+    copy_elems: int    # elements of the bf16 tensor copied for the reference bandwidth
+
+
+LARGE = Sizes(rows=16384, hidden=8192, gemm=(8192, 8192, 8192), copy_elems=2 * 16384 * 8192)
+# Smoke mode (no GPU, Triton's interpreter): the smallest shapes every recipe accepts (MX
+# columnwise needs M % 32 == 0, block scaling K >= 128 for a full block).
+TINY = Sizes(rows=32, hidden=128, gemm=(32, 32, 128), copy_elems=32 * 128)
+SIZES = {"large": LARGE, "tiny": TINY}
+
+
+@dataclass(frozen=True)
+class QuantVariant:
+    id: str
+    label: str
+    recipe: object
+    rowwise: bool
+    columnwise: bool
+
+
+def quant_variants() -> list[QuantVariant]:
+    ct = "cast-transpose (rowwise + columnwise)"
+    return [
+        QuantVariant("fp8-tensor-row", "FP8 per-tensor, rowwise", R.Float8CurrentScaling(),
+                     True, False),
+        QuantVariant("fp8-tensor-ct", f"FP8 per-tensor, {ct}", R.Float8CurrentScaling(),
+                     True, True),
+        QuantVariant("fp8-perrow", "FP8 per-row (per-token), rowwise",
+                     R.Float8CurrentScaling(granularity="row"), True, False),
+        QuantVariant("fp8-block1x128", "FP8 block 1x128, rowwise", R.Float8BlockScaling(),
+                     True, False),
+        QuantVariant("fp8-block1x128-ct", f"FP8 block 1x128, {ct}", R.Float8BlockScaling(),
+                     True, True),
+        QuantVariant("mxfp8-row", "MXFP8 (e4m3, RCEIL), rowwise", R.MXFP8BlockScaling(),
+                     True, False),
+        QuantVariant("mxfp8-ct", f"MXFP8 (e4m3, RCEIL), {ct}", R.MXFP8BlockScaling(),
+                     True, True),
+        QuantVariant("mxfp4-row", "MXFP4 (e2m1, FLOOR), rowwise", R.MXFP4BlockScaling(),
+                     True, False),
+        QuantVariant("mxfp4-ct", f"MXFP4 (e2m1, FLOOR), {ct}", R.MXFP4BlockScaling(),
+                     True, True),
+    ]
+
+
+def _codes_bytes(recipe, rows: int, cols: int) -> int:
+    if get_format(recipe.fmt).packed:
+        return rows * math.ceil(cols / 2)  # two e2m1 codes per byte
+    return rows * cols
+
+
+def _scale_bytes(recipe, rows: int, cols: int) -> int:
+    if isinstance(recipe, R.MXBlockScaling):
+        return rows * math.ceil(cols / recipe.block)  # one E8M0 byte per 32 elements
+    if isinstance(recipe, R.Float8BlockScaling):
+        bm, bn = recipe.block
+        return 4 * math.ceil(rows / bm) * math.ceil(cols / bn)
+    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
+        return 4 * rows
+    return 4  # per-tensor float32 scale_inv
+
+
+def _amax_bytes(recipe, rows: int) -> int:
+    if isinstance(recipe, R.Float8CurrentScaling):
+        return 4 * rows if recipe.granularity == "row" else 4
+    if isinstance(recipe, R.DelayedScaling):
+        return 4
+    return 0  # block and MX recipes report no amax
+
+
+def quantize_bytes(recipe, m: int, k: int, *, rowwise: bool, columnwise: bool,
+                   in_itemsize: int, amax: bool = True) -> int:
+    """Input read once + codes + scales (+ the reported amax, which tealite's contract
+    returns and AITER's kernels do not), per the quantize contract; columnwise data is the
+    rowwise quantization of x.T (K rows of M)."""
+    total = in_itemsize * m * k + (_amax_bytes(recipe, m) if amax else 0)
+    if rowwise:
+        total += _codes_bytes(recipe, m, k) + _scale_bytes(recipe, m, k)
+    if columnwise:
+        total += _codes_bytes(recipe, k, m) + _scale_bytes(recipe, k, m)
+    return total
+
+
+def norm_bytes(kind: str, rows: int, hidden: int, itemsize: int) -> int:
+    """x read, y written, gamma (and beta) read, float32 statistics written
+    (rsigma; LayerNorm also mean)."""
+    weights = 2 if kind == "layernorm" else 1
+    stats = 2 if kind == "layernorm" else 1
+    return 2 * itemsize * rows * hidden + weights * itemsize * hidden + stats * 4 * rows
+
+
+def gemm_flops(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k

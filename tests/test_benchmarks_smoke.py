@@ -1,0 +1,105 @@
+"""The benchmark suite (benchmarks/, which CI's pytest run does not collect) keeps working: its
+byte counts match what the ops really write, and the whole suite runs once in smoke mode (tiny
+shapes, CPU, Triton's interpreter) and renders its report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("pytest_benchmark", reason="pytest-benchmark is not installed (test extra)")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # benchmarks/ is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+import tealite  # noqa: E402
+from benchmarks import _cases as C  # noqa: E402
+from benchmarks import report  # noqa: E402
+
+# MX needs K (and M, columnwise) % 32; the FP8 recipes also get ragged shapes (partial blocks).
+QUANT_SHAPES = ((32, 128), (64, 160))
+RAGGED_SHAPES = ((33, 130), (5, 257))
+
+
+def _quant_bytes_mismatches(formula) -> list[str]:
+    """Cases where ``formula`` disagrees with input bytes + every tensor quantize returns."""
+    bad = []
+    for v in C.quant_variants():
+        mx = isinstance(v.recipe, tealite.recipes.MXBlockScaling)
+        for m, k in QUANT_SHAPES + (() if mx else RAGGED_SHAPES):
+            x = torch.randn(m, k).to(torch.bfloat16)
+            q = tealite.quantize(x, v.recipe, rowwise=v.rowwise, columnwise=v.columnwise,
+                                 backend="torch")
+            outs = (q.data, q.scale_inv, q.columnwise_data, q.columnwise_scale_inv, q.amax)
+            actual = x.nbytes + sum(t.nbytes for t in outs if t is not None)
+            predicted = formula(v.recipe, m, k, rowwise=v.rowwise, columnwise=v.columnwise,
+                                in_itemsize=x.element_size())
+            if predicted != actual:
+                bad.append(f"{v.id} {m}x{k}: formula {predicted}, op writes+reads {actual}")
+    return bad
+
+
+def test_quantize_bytes_match_the_op_contract():
+    assert _quant_bytes_mismatches(C.quantize_bytes) == []
+
+
+def test_quantize_bytes_check_catches_a_wrong_formula(monkeypatch):
+    """Seeded bug: MX scales counted as float32 (4 bytes) instead of one E8M0 byte."""
+    good = C._scale_bytes
+
+    def wrong(recipe, rows, cols):
+        n = good(recipe, rows, cols)
+        return 4 * n if isinstance(recipe, tealite.recipes.MXBlockScaling) else n
+
+    monkeypatch.setattr(C, "_scale_bytes", wrong)
+    bad = _quant_bytes_mismatches(C.quantize_bytes)
+    assert bad and all(b.startswith("mx") for b in bad)
+
+
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+def test_norm_bytes_match_the_op(kind):
+    x, g, b = torch.randn(7, 96).bfloat16(), torch.randn(96).bfloat16(), torch.randn(96).bfloat16()
+    if kind == "rmsnorm":
+        r = tealite.rmsnorm_fwd(x, g, backend="torch")
+        actual = x.nbytes + g.nbytes + r.y.nbytes + r.rsigma.nbytes
+    else:
+        r = tealite.layernorm_fwd(x, g, b, backend="torch")
+        actual = x.nbytes + g.nbytes + b.nbytes + r.y.nbytes + r.mean.nbytes + r.rsigma.nbytes
+    assert C.norm_bytes(kind, 7, 96, 2) == actual
+
+
+def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
+    """One pass of every benchmark at tiny shapes under the interpreter: rows that can run
+    carry device and wall numbers; the others are skips with a reason; none fail."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "pytest", "benchmarks/", "-q", "-p", "no:cacheprovider",
+           "--benchmark-json", str(out), "--bench-size", "tiny", "--bench-reps", "1",
+           "--bench-warmup", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    ran = {b["name"]: b for b in data["benchmarks"]}
+    skipped = data["tealite"]["skipped"]
+    assert data["tealite"]["failed"] == []
+    # Rows that need only torch always run.
+    for name in ("test_copy", "test_quantize[fp8-perrow-torch]", "test_norm_fwd[rmsnorm-torch]",
+                 "test_gemm_torch_matmul"):
+        assert name in ran, (name, sorted(ran), skipped)
+    assert all(s["reason"].strip() for s in skipped)
+    for b in ran.values():
+        ei = b["extra_info"]
+        assert ei["timer"] == "wall" and ei["device_ms_median"] > 0 and b["stats"]["rounds"] >= 1
+        assert (ei.get("gbps") or ei.get("tflops")) is not None, b["name"]
+        assert ei.get("met") is None  # smoke numbers are never judged against targets
+    md = report.render(data)
+    assert "# tealite benchmarks" in md and "## quantize" in md and "torch " in md
+    assert all(f"`{s['test']}`" in md for s in skipped)
