@@ -8,46 +8,34 @@ number" trick: for |v| with unbiased exponent e and target spacing 2^s
 (s = max(e, emin) - mbits), (|v| + 2^(s+23)) - 2^(s+23) is |v| rounded to nearest-even on
 that grid, because the sum's fp32 ulp is exactly 2^s.
 
-Kernels in this package import from here; new shared encoders (E8M0 scales, E2M1) belong here.
+Kernels in this package import from here.  Stable API (other kernels call these):
+
+* ``_encode_fp8(v, fmax, **_fmt_constants(fmt))`` -> uint8 FP8 codes, RNE, saturating;
+  ``_encode_fp8_rounded(..., TIES_AWAY)`` the same with a choice of element rounding.
+* ``_encode_fp4(v, TIES_AWAY)`` -> int32 E2M1 codes (low 4 bits), saturating.
+* ``_te_scale(amax, fmax, eps, POW2)`` -> TE's fp32 scale from an amax.
+* ``_e8m0_scale(amax, **_mx_scale_constants(fmt_name, mode))`` -> int32 biased E8M0 byte.
+* ``_mx_descale(x, byte)`` -> fp32 x / 2^(byte-127) rounded as the reference (0 for NaN scale).
+* ``_fp8_overflow(v, code, **_overflow_constants(fmt), FNUZ=...)`` -> the codes of a
+  non-saturating cast (Saturation.NONFINITE) from the saturated ones;
+  ``_encode_fp8_sat(v, fmax, SATURATE, **_fmt_constants(fmt), **_overflow_constants(fmt))``
+  chooses between the two.
 """
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
+
+from tealite.formats import get_format
 
 
 @triton.jit
 def _encode_fp8(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
                 FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr):
-    """uint8 FP8 codes of fp32 values ``v`` (RNE, saturating to +-fmax)."""
-    bits = v.to(tl.int32, bitcast=True)
-    neg = bits < 0
-    is_nan = v != v
-    a = tl.minimum(tl.abs(v), fmax)
-    a = tl.where(is_nan, 0.0, a)
-    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    s = tl.maximum(e, EMIN) - MBITS
-    magic = ((s + 23 + 127) << 23).to(tl.float32, bitcast=True)
-    r = (a + magic) - magic
-    r = tl.minimum(r, fmax)
-    rb = r.to(tl.int32, bitcast=True)
-    re = ((rb >> 23) & 0xFF) - 127
-    normal = re >= EMIN
-    mant_n = (rb >> (23 - MBITS)) & ((1 << MBITS) - 1)
-    code_n = ((re + BIAS) << MBITS) | mant_n
-    # Subnormal codes: r / 2^(EMIN - MBITS) is a small exact integer.
-    code_s = (r * SUB_SCALE).to(tl.int32)  # SUB_SCALE = 2^(MBITS - EMIN), exact
-    code = tl.where(normal, code_n, code_s)
-    if FNUZ:
-        sign = tl.where(neg & (code != 0), 0x80, 0)  # FNUZ has no -0
-    else:
-        sign = tl.where(neg, 0x80, 0)
-    code = code | sign
-    if FNUZ:
-        code = tl.where(is_nan, NAN_CODE, code)
-    else:
-        code = tl.where(is_nan, NAN_CODE | tl.where(neg, 0x80, 0), code)
-    return code.to(tl.uint8)
+    """uint8 FP8 codes of fp32 values ``v`` (RNE, saturating to +-fmax).  The constexprs come
+    from ``_fmt_constants(fmt)``; ``_encode_fp8_rounded`` adds ties-away rounding."""
+    return _encode_fp8_rounded(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, False)
 
 
 @triton.jit
@@ -73,3 +61,208 @@ def _fmt_constants(fmt) -> dict:
     nan_code = 0x80 if fmt.fnuz else (0x7F if fmt.name == "e4m3" else 0x7E)
     return dict(MBITS=fmt.mbits, EMIN=emin, BIAS=bias, FNUZ=fmt.fnuz, NAN_CODE=nan_code,
                 SUB_SCALE=float(2.0 ** (fmt.mbits - emin)))
+
+
+@triton.jit
+def _encode_fp8_rounded(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                        FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                        TIES_AWAY: tl.constexpr):
+    """``_encode_fp8`` with the element rounding chosen: RNE, or (``TIES_AWAY``) round to
+    nearest with exact ties moved away from zero (MX recipes allow it for FP8 elements).
+    Saturating to +-fmax in both modes, as the MX spec requires.
+
+    The tie is detected after RNE: ``a - r`` is exact (both on the fp32 grid, |a - r| <= half
+    a code step), and equals half the step exactly only at a midpoint."""
+    bits = v.to(tl.int32, bitcast=True)
+    neg = bits < 0
+    is_nan = v != v
+    a = tl.minimum(tl.abs(v), fmax)
+    a = tl.where(is_nan, 0.0, a)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    s = tl.maximum(e, EMIN) - MBITS
+    magic = ((s + 23 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (a + magic) - magic
+    if TIES_AWAY:
+        half = ((s - 1 + 127) << 23).to(tl.float32, bitcast=True)
+        step = ((s + 127) << 23).to(tl.float32, bitcast=True)
+        r = tl.where(a - r == half, r + step, r)
+    r = tl.minimum(r, fmax)
+    rb = r.to(tl.int32, bitcast=True)
+    re = ((rb >> 23) & 0xFF) - 127
+    normal = re >= EMIN
+    mant_n = (rb >> (23 - MBITS)) & ((1 << MBITS) - 1)
+    code_n = ((re + BIAS) << MBITS) | mant_n
+    code_s = (r * SUB_SCALE).to(tl.int32)  # SUB_SCALE = 2^(MBITS - EMIN), exact
+    code = tl.where(normal, code_n, code_s)
+    if FNUZ:
+        sign = tl.where(neg & (code != 0), 0x80, 0)  # FNUZ has no -0
+    else:
+        sign = tl.where(neg, 0x80, 0)
+    code = code | sign
+    if FNUZ:
+        code = tl.where(is_nan, NAN_CODE, code)
+    else:
+        code = tl.where(is_nan, NAN_CODE | tl.where(neg, 0x80, 0), code)
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def _encode_fp4(v, TIES_AWAY: tl.constexpr):
+    """int32 E2M1 codes (low 4 bits: S.EE.M) of fp32 values ``v``, saturating to +-6.
+
+    RNE, or round to nearest with ties away from zero (``TIES_AWAY``, AITER's Triton MXFP4).
+    Same fp32 magic-number rounding as ``_encode_fp8`` with E2M1's constants (mbits 1,
+    emin 0, bias 1; 0.5 is the only subnormal).  A negative value that rounds to zero keeps
+    its sign (0b1000), as hardware casts and the reference do.  E2M1 has no NaN: NaN gives
+    the code ml_dtypes (the reference's oracle) gives, 0b1000 for a positive-signed NaN and
+    0b0000 for a negative-signed one; MX never relies on it (a block containing NaN gets the
+    NaN scale and unspecified codes).  Callers pack two codes per byte, low nibble = even."""
+    bits = v.to(tl.int32, bitcast=True)
+    neg = bits < 0
+    is_nan = v != v
+    a = tl.minimum(tl.abs(v), 6.0)
+    a = tl.where(is_nan, 0.0, a)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    s = tl.maximum(e, 0) - 1
+    magic = ((s + 23 + 127) << 23).to(tl.float32, bitcast=True)
+    r = (a + magic) - magic
+    if TIES_AWAY:
+        half = ((s - 1 + 127) << 23).to(tl.float32, bitcast=True)
+        step = ((s + 127) << 23).to(tl.float32, bitcast=True)
+        r = tl.where(a - r == half, r + step, r)
+    r = tl.minimum(r, 6.0)
+    rb = r.to(tl.int32, bitcast=True)
+    re = ((rb >> 23) & 0xFF) - 127
+    code_n = ((re + 1) << 1) | ((rb >> 22) & 1)
+    code_s = (r * 2.0).to(tl.int32)  # 0 or 1 (0.5)
+    code = tl.where(re >= 0, code_n, code_s) | tl.where(neg, 8, 0)
+    return tl.where(is_nan, tl.where(neg, 0, 8), code)
+
+
+# ---- MX (E8M0 block scales) ------------------------------------------------------------------
+
+@triton.jit
+def _log2_parts(bits):
+    """(floor(log2 a), a is a power of two) for the bits of a positive finite fp32 ``a``,
+    exact for subnormals too: their mantissa, converted to fp32 (exact below 2^24), gives
+    its own exponent field.  Integer-only, so a GPU that flushes subnormals agrees."""
+    field = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    mant_log = ((mant.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    flog = tl.where(field > 0, field - 127, mant_log - 149)
+    pow2 = tl.where(field > 0, mant == 0, (mant & (mant - 1)) == 0)
+    return flog, pow2
+
+
+@triton.jit
+def _e8m0_scale(amax, MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
+                FMAX: tl.constexpr):
+    """int32 biased E8M0 scale byte of fp32 block amaxes (>= 0), exactly as
+    ``tealite_verify.references.quantize.e8m0_scale``.
+
+    MODE (``_mx_scale_constants``): 0 FLOOR  floor(log2 amax) - EMAX;
+    1 CEIL  ceil(log2 amax) - EMAX;  2 EVEN  amax rounded half-up at the element's MBITS
+    mantissa width (integer add on the fp32 bits), mantissa cleared, then FLOOR;
+    3 RCEIL  ceil(log2(amax * r)) with r = 1/FMAX rounded to fp32 and the product rounded in
+    fp32 (TE / cuBLAS UE8M0); a product that underflows to 0 gives the clamp floor.
+    The exponent is clamped to [-127, 127] and biased by 127; amax == 0 gives 0; NaN or Inf
+    amax gives 255 (the E8M0 NaN).  log2 is taken from the fp32 bits (``_log2_parts``), exact
+    for subnormal amax.  RCEIL's product is the one fp32 multiply: it assumes IEEE subnormal
+    results (Triton's default; a flush-to-zero target would change scales only for block
+    amaxes below 2^-117)."""
+    bits = amax.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    field = (bits >> 23) & 0xFF
+    if MODE == 3:
+        # 1.0 / FMAX is a Python (fp64) constant; it becomes an fp32 constant by one RNE
+        # rounding, equal to the fp32 division 1/FMAX for every format (_mx_scale_constants
+        # checks this on the host).
+        ratio = bits.to(tl.float32, bitcast=True) * (1.0 / FMAX)
+        rbits = ratio.to(tl.int32, bitcast=True)
+        flog, pow2 = _log2_parts(rbits)
+        e = tl.where(rbits > 0, flog + tl.where(pow2, 0, 1), -127)
+    elif MODE == 2:
+        bumped = bits + (1 << (22 - MBITS))
+        e = ((bumped >> 23) & 0xFF) - 127 - EMAX
+    else:
+        flog, pow2 = _log2_parts(bits)
+        if MODE == 1:
+            e = flog + tl.where(pow2, 0, 1) - EMAX
+        else:
+            e = flog - EMAX
+    biased = tl.minimum(tl.maximum(e, -127), 127) + 127
+    biased = tl.where(bits == 0, 0, biased)
+    return tl.where(field == 255, 255, biased)
+
+
+@triton.jit
+def _mx_descale(x, byte):
+    """fp32 ``x / 2^(byte - 127)``: the exact quotient rounded once to fp32 (RNE, fp32
+    subnormals included), as the reference's float64 division then fp32 cast.  It is one
+    multiply by the power of two 2^(127 - byte), itself exact in fp32 (2^-127, byte 254, is
+    an fp32 subnormal built from its bits).  ``byte`` (any integer dtype, broadcastable to x)
+    of 255 (the NaN scale) gives +0.0, so the codes of such a block are 0, the value the
+    reference writes for those unspecified codes."""
+    b = byte.to(tl.int32)
+    field = 254 - b
+    mult = tl.where(field > 0, field << 23, 0x00400000).to(tl.float32, bitcast=True)
+    return tl.where(b == 255, 0.0, x * mult)
+
+
+_SCALE_MODES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+
+
+def _mx_scale_constants(fmt_name: str, mode) -> dict:
+    """Constexpr kwargs of ``_e8m0_scale`` for element format ``fmt_name`` and a
+    ScaleRounding (or its value string): MODE, EMAX (emax_elem), MBITS, FMAX."""
+    fmt = get_format(fmt_name)
+    mode = getattr(mode, "value", mode)
+    if mode not in _SCALE_MODES:
+        raise ValueError(f"unknown scale rounding {mode!r}; known: {sorted(_SCALE_MODES)}")
+    # RCEIL's reciprocal is written 1.0 / FMAX in the kernel: fp64 then one rounding to fp32.
+    # That equals the fp32 division only when the double rounding is harmless; check it.
+    if np.float32(1.0 / fmt.max) != np.float32(1.0) / np.float32(fmt.max):
+        raise AssertionError(f"1/{fmt.max} rounds differently through fp64")
+    return dict(MODE=_SCALE_MODES[mode], EMAX=fmt.emax, MBITS=fmt.mbits, FMAX=float(fmt.max))
+
+
+# ---- non-saturating FP8 casts (Saturation.NONFINITE) -------------------------------------------
+
+@triton.jit
+def _fp8_overflow(v, code, OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                  OVF_CODE: tl.constexpr, FNUZ: tl.constexpr):
+    """Replace the saturated codes of values that RNE would round past the format's max by
+    the format's overflow code (NaN; Inf for OCP e5m2), as a non-saturating cast does.
+    ``code`` is ``_encode_fp8``'s uint8 output for ``v``; constants from
+    ``_overflow_constants``.  A value exactly at the midpoint above max overflows only when
+    max has an odd mantissa (RNE would round it up)."""
+    a = tl.abs(v)
+    over = (a > OVF_THRESH) | (a == float("inf"))
+    if OVF_TIE:
+        over = over | (a == OVF_THRESH)
+    if FNUZ:
+        ovf = tl.full(code.shape, OVF_CODE, tl.int32)  # one NaN, no sign
+    else:
+        ovf = OVF_CODE | tl.where(v < 0, 0x80, 0)
+    return tl.where(over, ovf.to(tl.uint8), code)
+
+
+def _overflow_constants(fmt) -> dict:
+    """Constexpr kwargs of ``_fp8_overflow`` for an FP8 Format."""
+    step = 2.0 ** (fmt.emax - fmt.mbits)  # code spacing in max's binade
+    odd = round(fmt.max / step) % 2 == 1
+    code = 0x7C if fmt.name == "e5m2" else _fmt_constants(fmt)["NAN_CODE"]
+    return dict(OVF_THRESH=fmt.max + step / 2, OVF_TIE=odd, OVF_CODE=code)
+
+
+@triton.jit
+def _encode_fp8_sat(v, fmax, SATURATE: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                    BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+                    SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                    OVF_CODE: tl.constexpr):
+    """uint8 FP8 codes (RNE) under a recipe's Saturation: saturating (SATURATE) or
+    non-finite on overflow.  Constexprs: ``_fmt_constants(fmt)`` and
+    ``_overflow_constants(fmt)``."""
+    code = _encode_fp8(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE)
+    if not SATURATE:
+        code = _fp8_overflow(v, code, OVF_THRESH, OVF_TIE, OVF_CODE, FNUZ)
+    return code

@@ -236,6 +236,9 @@ CANDIDATES = (
     _C(128, 128, 64, 8, 4, 4), _C(128, 128, 64, 8, 8, 4), _C(128, 128, 32, 8, 4, 4),
     _C(128, 64, 64, 8, 4, 4), _C(64, 128, 64, 8, 4, 4), _C(64, 64, 64, 8, 4, 4),
     _C(128, 256, 64, 16, 8, 3),
+    # 256-byte K rows per tile row for the K-contiguous (TN) operands.
+    _C(128, 256, 128, 8, 8, 2), _C(256, 128, 128, 8, 8, 2), _C(128, 128, 128, 8, 8, 3),
+    _C(128, 128, 128, 8, 4, 3),
 )
 _working: dict[tuple, GemmConfig] = {}  # size key -> config that compiled on this device
 

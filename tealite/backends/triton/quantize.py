@@ -1,6 +1,20 @@
-"""FP8 quantization kernels (per-tensor / per-row current scaling, delayed scaling) and amax.
+"""Triton ``quantize`` / ``amax``: FP8 per-tensor / per-row current scaling and delayed scaling
+here; Float8BlockScaling (``quantize_block``) and MX (``quantize_mx``) are routed from the
+single registered ``quantize`` (the registry holds one implementation per backend and op).
 
 Codes come from the integer encoders in ``_codecs`` (see there why not ``.to(fp8)``).
+
+Per-tensor current scaling: one amax pass (partial maxima, reduced on the device: no host
+synchronisation), then one cast pass.  Delayed scaling: one cast pass with the given scale
+that also writes the partial maxima of the amax it reports.  With ``columnwise`` the cast pass
+is a cast-transpose: each (BM, BN) tile of x is read once and written rowwise (M, K) and
+columnwise (K, M), transposed in registers so both stores are coalesced.  Per-row scaling,
+rowwise only, keeps a row in registers (one pass, rows up to 65536); with ``columnwise`` (whose
+scales are per column of x) or longer rows it takes two tiled passes: row and column amaxes,
+then one cast-transpose.
+
+Every recipe is supported (saturating and non-saturating casts), so ``quantize`` declares no
+``check``: nothing is rejected.
 """
 from __future__ import annotations
 
@@ -10,8 +24,11 @@ import triton.language as tl
 
 from tealite import recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
-from tealite.backends.triton._codecs import _encode_fp8, _fmt_constants, _te_scale
+from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
+                                             _overflow_constants, _te_scale)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.backends.triton.quantize_block import quantize_block
+from tealite.backends.triton.quantize_mx import quantize_mx
 from tealite.formats import Saturation, get_format
 from tealite.ops.quantize import QuantizedTensor
 
@@ -19,6 +36,16 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _BLOCK = 1024
 _WARPS = 4
 _MAX_ROW = 65536
+# Cast-transpose tile: 64 x 64 with 4 warps is 32 fp32 values per thread on NVIDIA (16 per
+# lane of a 64-wide AMD wavefront); each program writes 64-byte runs of the (K, M) output.
+_TILE_M, _TILE_N, _TILE_WARPS = 64, 64, 4
+
+
+@triton.jit
+def _mag_max(x):
+    """max |x| over a 1-D block, NaN-propagating: the integer max of the magnitude bits (NaN
+    patterns sort above Inf; tl.max on floats would drop NaN), one reduction."""
+    return tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -26,48 +53,165 @@ def _partial_amax_kernel(x_ptr, out_ptr, n, X_BF16: tl.constexpr, BLOCK: tl.cons
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = load_f32(x_ptr, offs, offs < n, X_BF16)
-    a = tl.max(tl.abs(x), axis=0)
-    # tl.max drops NaN; the amax contract propagates it.
-    has_nan = tl.max((x != x).to(tl.int32), axis=0) > 0
-    tl.store(out_ptr + pid, tl.where(has_nan, float("nan"), a))
+    tl.store(out_ptr + pid, _mag_max(x))
 
 
 @triton.jit
-def _quantize_tensor_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, sinv_ptr, n, fmax, eps,
-                            GIVEN: tl.constexpr, POW2: tl.constexpr, MBITS: tl.constexpr,
-                            EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
-                            NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-                            X_BF16: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
+def _tensor_scale(scale_ptr, amax_ptr, fmax, eps, GIVEN: tl.constexpr, POW2: tl.constexpr):
     if GIVEN:
         scale = tl.load(scale_ptr)
     else:
         scale = _te_scale(tl.load(amax_ptr), fmax, eps, POW2)
+    return scale
+
+
+@triton.jit
+def _quantize_tensor_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, sinv_ptr, pamax_ptr, n, fmax,
+                            eps, GIVEN: tl.constexpr, POW2: tl.constexpr,
+                            SATURATE: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                            BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+                            SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr,
+                            OVF_TIE: tl.constexpr, OVF_CODE: tl.constexpr,
+                            X_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    """Rowwise per-tensor cast of the flat x; with GIVEN (delayed scaling) each program also
+    writes the max |x| of its block (NaN-propagating) for the reported amax."""
+    pid = tl.program_id(0)
+    scale = _tensor_scale(scale_ptr, amax_ptr, fmax, eps, GIVEN, POW2)
     if pid == 0:
         tl.store(sinv_ptr, tl.math.div_rn(1.0, scale))
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = load_f32(x_ptr, offs, mask, X_BF16)
-    code = _encode_fp8(x * scale, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE)
+    if GIVEN:
+        tl.store(pamax_ptr + pid, _mag_max(x))
+    code = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
+                      OVF_THRESH, OVF_TIE, OVF_CODE)
     tl.store(q_ptr + offs, code, mask=mask)
 
 
 @triton.jit
+def _cast_transpose_tensor_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_ptr, sinv_ptr,
+                                  sinvt_ptr, pamax_ptr, M, K, tiles_n, fmax, eps,
+                                  ROW: tl.constexpr,
+                                  GIVEN: tl.constexpr, POW2: tl.constexpr,
+                                  SATURATE: tl.constexpr, MBITS: tl.constexpr,
+                                  EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                                  NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                                  OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                                  OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
+                                  BM: tl.constexpr, BN: tl.constexpr):
+    """Per-tensor cast of one (BM, BN) tile, written columnwise (K, M) and, with ROW, also
+    rowwise (M, K): one read of x for both.  ``tiles_n`` = max(1, cdiv(K, BN)): an empty x
+    still runs one program, which writes scale_inv."""
+    pid = tl.program_id(0)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    scale = _tensor_scale(scale_ptr, amax_ptr, fmax, eps, GIVEN, POW2)
+    if pid == 0:
+        sinv = tl.math.div_rn(1.0, scale)
+        tl.store(sinvt_ptr, sinv)
+        if ROW:
+            tl.store(sinv_ptr, sinv)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    rmask = rows < M
+    cmask = cols < K
+    x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
+                 rmask[:, None] & cmask[None, :], X_BF16)
+    if GIVEN:
+        mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        tl.store(pamax_ptr + pid, tl.max(tl.max(mag, axis=1), axis=0).to(tl.float32,
+                                                                           bitcast=True))
+    codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
+                       OVF_THRESH, OVF_TIE, OVF_CODE)
+    if ROW:
+        tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], codes,
+                 mask=rmask[:, None] & cmask[None, :])
+    tl.store(qt_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :], tl.trans(codes),
+             mask=cmask[:, None] & rmask[None, :])
+
+
+@triton.jit
 def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, amax_ptr, K, fmax, eps, POW2: tl.constexpr,
-                         MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
-                         FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-                         X_BF16: tl.constexpr, BLOCK: tl.constexpr):
+                         SATURATE: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                         BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+                         SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr,
+                         OVF_TIE: tl.constexpr, OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
+                         BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < K
     x = load_f32(x_ptr, row * K + cols, mask, X_BF16)
-    amax = tl.max(tl.abs(x), axis=0)
-    amax = tl.where(tl.max((x != x).to(tl.int32), axis=0) > 0, float("nan"), amax)
+    amax = _mag_max(x)
     scale = _te_scale(amax, fmax, eps, POW2)
     tl.store(amax_ptr + row, amax)
     tl.store(sinv_ptr + row, tl.math.div_rn(1.0, scale))
-    code = _encode_fp8(x * scale, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE)
+    code = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
+                      OVF_THRESH, OVF_TIE, OVF_CODE)
     tl.store(q_ptr + row * K + cols, code, mask=mask)
+
+
+@triton.jit
+def _rowcol_amax_kernel(x_ptr, rpart_ptr, cpart_ptr, M, K, X_BF16: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr):
+    """Partial max |x| of one tile along its rows (row_part[pid_n, rows]) and along its
+    columns (col_part[pid_m, cols]), NaN-propagating (integer max of the magnitude bits)."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(K, BN)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    rmask = rows < M
+    cmask = cols < K
+    x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
+                 rmask[:, None] & cmask[None, :], X_BF16)
+    mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    tl.store(rpart_ptr + pid_n.to(tl.int64) * M + rows,
+             tl.max(mag, axis=1).to(tl.float32, bitcast=True), mask=rmask)
+    tl.store(cpart_ptr + pid_m.to(tl.int64) * K + cols,
+             tl.max(mag, axis=0).to(tl.float32, bitcast=True), mask=cmask)
+
+
+@triton.jit
+def _cast_transpose_rowcol_kernel(x_ptr, q_ptr, qt_ptr, ramax_ptr, camax_ptr, sinv_ptr,
+                                  sinvt_ptr, M, K, fmax, eps, ROW: tl.constexpr,
+                                  COL: tl.constexpr, POW2: tl.constexpr,
+                                  SATURATE: tl.constexpr, MBITS: tl.constexpr,
+                                  EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                                  NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                                  OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                                  OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
+                                  BM: tl.constexpr, BN: tl.constexpr):
+    """Per-row current scaling of one tile: rowwise with the scales of x's rows, columnwise
+    (rows of x.T) with the scales of x's columns, from the row / column amaxes of the first
+    pass.  Programs of the first tile column (row) write the rowwise (columnwise) scale_inv."""
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(K, BN)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    rmask = rows < M
+    cmask = cols < K
+    x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
+                 rmask[:, None] & cmask[None, :], X_BF16)
+    if ROW:
+        scale = _te_scale(tl.load(ramax_ptr + rows, mask=rmask, other=0.0), fmax, eps, POW2)
+        if pid_n == 0:
+            tl.store(sinv_ptr + rows, tl.math.div_rn(1.0, scale), mask=rmask)
+        codes = _encode_fp8_sat(x * scale[:, None], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
+                                NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+        tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], codes,
+                 mask=rmask[:, None] & cmask[None, :])
+    if COL:
+        scale = _te_scale(tl.load(camax_ptr + cols, mask=cmask, other=0.0), fmax, eps, POW2)
+        if pid_m == 0:
+            tl.store(sinvt_ptr + cols, tl.math.div_rn(1.0, scale), mask=cmask)
+        codes = _encode_fp8_sat(x * scale[None, :], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
+                                NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+        tl.store(qt_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :], tl.trans(codes),
+                 mask=cmask[:, None] & rmask[None, :])
 
 
 def _amax(x: torch.Tensor) -> torch.Tensor:
@@ -82,63 +226,130 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
     return partial.amax().reshape(1)  # NaN-propagating, and no host synchronisation
 
 
-def _rowwise(x: torch.Tensor, recipe, scale, amax):
-    """(codes, scale_inv, row amax or None) of x; ``amax`` is the tensor amax (per-tensor)."""
+def _consts(x: torch.Tensor, recipe) -> dict:
+    fmt = get_format(recipe.fmt)
+    return dict(_fmt_constants(fmt), **_overflow_constants(fmt),
+                SATURATE=recipe.saturation is Saturation.SATURATE,
+                X_BF16=x.dtype == torch.bfloat16)
+
+
+def _per_row(x: torch.Tensor, recipe):
+    """(codes, scale_inv (M,), row amax (M,)) of per-row current scaling."""
     fmt = get_format(recipe.fmt)
     m, k = x.shape
     x = x.contiguous()
     codes = torch.empty((m, k), dtype=torch.uint8, device=x.device)
-    consts = dict(_fmt_constants(fmt), X_BF16=x.dtype == torch.bfloat16)
-    xk = as_kernel_arg(x)
+    sinv = torch.empty(m, dtype=torch.float32, device=x.device)
+    row_amax = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m:  # K == 0 still needs the scale rule (amax 0, or amax_epsilon)
+        block = max(1, triton.next_power_of_2(k))
+        _quantize_row_kernel[(m,)](as_kernel_arg(x), codes, sinv, row_amax, k, fmt.max,
+                                   recipe.amax_epsilon, POW2=recipe.force_pow2_scales,
+                                   BLOCK=block, num_warps=min(16, max(4, block // 256)),
+                                   **_consts(x, recipe))
+    return codes.view(fmt.torch_dtype), sinv, row_amax
+
+
+def _per_tensor(x: torch.Tensor, recipe, scale, rowwise: bool, columnwise: bool):
+    """(data, scale_inv, columnwise_data, columnwise_scale_inv, amax) of per-tensor current
+    or delayed scaling, rowwise and/or columnwise in one cast pass."""
+    fmt = get_format(recipe.fmt)
+    x = x.contiguous()
+    m, k = x.shape
+    dev = x.device
+    given = isinstance(recipe, R.DelayedScaling)
     pow2 = getattr(recipe, "force_pow2_scales", False)
     eps = getattr(recipe, "amax_epsilon", 0.0)
-    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
-        sinv = torch.empty(m, dtype=torch.float32, device=x.device)
-        row_amax = torch.empty(m, dtype=torch.float32, device=x.device)
-        if m:  # K == 0 still needs the scale rule (amax 0, or amax_epsilon)
-            block = max(1, triton.next_power_of_2(k))
-            _quantize_row_kernel[(m,)](xk, codes, sinv, row_amax, k, fmt.max, eps, POW2=pow2,
-                                       BLOCK=block, num_warps=min(16, max(4, block // 256)),
-                                       **consts)
-        return codes.view(fmt.torch_dtype), sinv, row_amax
-    sinv = torch.empty(1, dtype=torch.float32, device=x.device)
-    given = isinstance(recipe, R.DelayedScaling)
-    n = x.numel()
-    grid = max(1, triton.cdiv(n, _BLOCK))
-    _quantize_tensor_kernel[(grid,)](xk.reshape(-1), codes.reshape(-1), scale if given else sinv,
-                                     sinv if given else amax, sinv, n, fmt.max, eps,
-                                     GIVEN=given, POW2=pow2, BLOCK=_BLOCK, num_warps=_WARPS,
-                                     **consts)
-    return codes.view(fmt.torch_dtype), sinv, None
+    amax = None if given else _amax(x)
+    sinv = torch.empty(1, dtype=torch.float32, device=dev)
+    q = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    qt = sinvt = None
+    xk = as_kernel_arg(x)
+    if columnwise:
+        qt = torch.empty((k, m), dtype=torch.uint8, device=dev)
+        sinvt = torch.empty(1, dtype=torch.float32, device=dev)
+        tiles_n = max(1, triton.cdiv(k, _TILE_N))
+        grid = max(1, triton.cdiv(m, _TILE_M) * triton.cdiv(k, _TILE_N))
+        pamax = torch.empty(grid, dtype=torch.float32, device=dev)
+        _cast_transpose_tensor_kernel[(grid,)](
+            xk, q if rowwise else qt, qt, scale if given else sinv, amax if amax is not None
+            else sinv, sinv, sinvt, pamax, m, k, tiles_n, fmt.max, eps, ROW=rowwise, GIVEN=given,
+            POW2=pow2, BM=_TILE_M, BN=_TILE_N, num_warps=_TILE_WARPS, **_consts(x, recipe))
+    else:
+        grid = max(1, triton.cdiv(x.numel(), _BLOCK))
+        pamax = torch.empty(grid, dtype=torch.float32, device=dev)
+        _quantize_tensor_kernel[(grid,)](
+            xk.reshape(-1), q.reshape(-1), scale if given else sinv,
+            amax if amax is not None else sinv, sinv, pamax, x.numel(), fmt.max, eps,
+            GIVEN=given, POW2=pow2, BLOCK=_BLOCK, num_warps=_WARPS, **_consts(x, recipe))
+    if given:
+        # The partial maxima of the cast pass (an empty x leaves one 0 partial: amax 0).
+        amax = pamax.amax().reshape(1)
+    view = lambda t: None if t is None else t.view(fmt.torch_dtype)  # noqa: E731
+    return view(q), sinv if rowwise else None, view(qt), sinvt, amax
 
 
-def _why_not(params) -> str | None:
-    recipe = params["recipe"]
-    if not isinstance(recipe, (R.Float8CurrentScaling, R.DelayedScaling)):
-        return "triton quantize covers FP8 per-tensor / per-row / delayed scaling so far"
-    if recipe.saturation is not Saturation.SATURATE:
-        return "only saturating casts"
-    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row" and (
-            params["k"] > _MAX_ROW or (params["columnwise"] and params["m"] > _MAX_ROW)):
-        return f"per-row scaling keeps a row in registers (<= {_MAX_ROW})"
-    return None
+def _per_row_tiles(x: torch.Tensor, recipe, rowwise: bool, columnwise: bool):
+    """Per-row current scaling in two tiled passes (row and column amaxes, then one
+    cast-transpose): (data, scale_inv, columnwise_data, columnwise_scale_inv, row amax).
+    For columnwise output or rows too long for registers; x must be non-empty."""
+    fmt = get_format(recipe.fmt)
+    x = x.contiguous()
+    m, k = x.shape
+    dev = x.device
+    tiles_m, tiles_n = triton.cdiv(m, _TILE_M), triton.cdiv(k, _TILE_N)
+    rpart = torch.empty((tiles_n, m), dtype=torch.float32, device=dev)
+    cpart = torch.empty((tiles_m, k), dtype=torch.float32, device=dev)
+    xk = as_kernel_arg(x)
+    grid = (tiles_m * tiles_n,)
+    _rowcol_amax_kernel[grid](xk, rpart, cpart, m, k, X_BF16=x.dtype == torch.bfloat16,
+                              BM=_TILE_M, BN=_TILE_N, num_warps=_TILE_WARPS)
+    row_amax, col_amax = rpart.amax(0), cpart.amax(0)  # NaN-propagating, on the device
+    q = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    sinv = torch.empty(m, dtype=torch.float32, device=dev) if rowwise else None
+    qt = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
+    sinvt = torch.empty(k, dtype=torch.float32, device=dev) if columnwise else None
+    dummy_q = torch.empty(1, dtype=torch.uint8, device=dev)
+    dummy_s = torch.empty(1, dtype=torch.float32, device=dev)
+    _cast_transpose_rowcol_kernel[grid](
+        xk, dummy_q if q is None else q, dummy_q if qt is None else qt, row_amax, col_amax,
+        dummy_s if sinv is None else sinv, dummy_s if sinvt is None else sinvt, m, k, fmt.max,
+        recipe.amax_epsilon, ROW=rowwise, COL=columnwise, POW2=recipe.force_pow2_scales,
+        BM=_TILE_M, BN=_TILE_N, num_warps=_TILE_WARPS, **_consts(x, recipe))
+    view = lambda t: None if t is None else t.view(fmt.torch_dtype)  # noqa: E731
+    return view(q), sinv, view(qt), sinvt, row_amax
 
 
-@BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not)
+def _quantize_per_row(out: QuantizedTensor, x: torch.Tensor, recipe, rowwise: bool,
+                      columnwise: bool) -> None:
+    m, k = x.shape
+    if m and k and (columnwise or k > _MAX_ROW):
+        out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv, out.amax = \
+            _per_row_tiles(x, recipe, rowwise, columnwise)
+        return
+    # One pass, a row in registers; an empty x only needs the scale rule per (empty) row.
+    if rowwise:
+        out.data, out.scale_inv, out.amax = _per_row(x, recipe)
+    if columnwise:
+        out.columnwise_data, out.columnwise_scale_inv, _ = _per_row(x.t().contiguous(), recipe)
+        if not rowwise:
+            out.amax = _per_row(x, recipe)[2]
+
+
+@BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape))
-    per_row = isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row"
-    amax = None if per_row else _amax(x)  # one pass, shared by both directions
-    if rowwise:
-        out.data, out.scale_inv, row_amax = _rowwise(x, recipe, scale, amax)
-    if columnwise:
-        out.columnwise_data, out.columnwise_scale_inv, _ = _rowwise(x.t().contiguous(), recipe,
-                                                                    scale, amax)
-    if per_row:
-        # The row amax comes from the rowwise kernel; columnwise-only needs its own pass.
-        out.amax = row_amax if rowwise else _rowwise(x, recipe, scale, None)[2]
+    if isinstance(recipe, R.MXBlockScaling):
+        out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv = quantize_mx(
+            x, recipe, rowwise=rowwise, columnwise=columnwise)
+    elif isinstance(recipe, R.Float8BlockScaling):
+        out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv = \
+            quantize_block(x, recipe, rowwise=rowwise, columnwise=columnwise)
+    elif isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
+        _quantize_per_row(out, x, recipe, rowwise, columnwise)
     else:
-        out.amax = amax
+        out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv, out.amax = \
+            _per_tensor(x, recipe, scale, rowwise, columnwise)
     return out
 
 

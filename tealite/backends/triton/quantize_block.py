@@ -1,0 +1,135 @@
+"""Float8BlockScaling (TE): FP8 codes with one fp32 scale per 1x128 or 128x128 block;
+rowwise, columnwise, and both in one cast-transpose pass.
+
+The scale rule is TE's (``_te_scale``: amax_epsilon floor, fp32 IEEE division, inf -> fp32
+max, zero/NaN/Inf amax -> 1, optional power-of-two rounding down); scale_inv = 1/scale (IEEE
+``div_rn``).  Columnwise is the rowwise quantization of x.T stored (K, M):
+
+* 1x128: rowwise blocks are 128 consecutive elements of a row of x, columnwise blocks 128
+  consecutive elements of a column of x; scale_inv (M, ceil(K/128)) and (K, ceil(M/128)).
+* 128x128: the same blocks both ways, so the columnwise codes are the transposed rowwise
+  codes; scale_inv (ceil(M/128), ceil(K/128)) and its transpose.
+
+One program reads one tile (BM, BN) of x once: BN = 128 for rowwise 1x128 (a whole block
+along K), BM = 128 for columnwise 1x128, 128 x 128 for 128x128 blocks.  Partial edge blocks
+are masked (amax over the real elements, TE's rule).  Block amax is the integer max of the
+magnitude bits (exact, NaN-propagating).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
+                                             _overflow_constants, _te_scale)
+from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.formats import Saturation, get_format
+
+BLOCK = 128
+# (BM, BN, num_warps) by (block rows, rowwise, columnwise).  A 128 x 128 tile with 8 warps is
+# 64 fp32 values per thread on NVIDIA (32 per lane on AMD's 64-wide wavefronts).
+_TILES = {
+    (1, True, False): (32, 128, 4),
+    (1, False, True): (128, 64, 8),
+    (1, True, True): (128, 128, 8),
+    (128, True, False): (128, 128, 8),
+    (128, False, True): (128, 128, 8),
+    (128, True, True): (128, 128, 8),
+}
+
+
+@triton.jit
+def _mag_max(x, AXIS: tl.constexpr):
+    """max |x| along AXIS, NaN-propagating (integer max of the magnitude bits)."""
+    mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(mag, axis=AXIS).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_stride, fmax,
+                       eps, ROW: tl.constexpr, COL: tl.constexpr, SQUARE: tl.constexpr,
+                       POW2: tl.constexpr, SATURATE: tl.constexpr, MBITS: tl.constexpr,
+                       EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                       NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                       OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                       OVF_CODE: tl.constexpr, X_BF16: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(K, BN)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    rmask = rows < M
+    cmask = cols < K
+    mask = rmask[:, None] & cmask[None, :]
+    x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+    row_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    col_offs = cols.to(tl.int64)[:, None] * M + rows[None, :]
+    tmask = cmask[:, None] & rmask[None, :]
+    if SQUARE:
+        # One 128x128 block: the same scale and codes both ways.
+        scale = _te_scale(_mag_max(_mag_max(x, 1), 0), fmax, eps, POW2)
+        codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                           SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+        sinv = tl.math.div_rn(1.0, scale)
+        if ROW:
+            tl.store(q_ptr + row_offs, codes, mask=mask)
+            tl.store(s_ptr + pid_m * s_stride + pid_n, sinv)
+        if COL:
+            tl.store(qt_ptr + col_offs, tl.trans(codes), mask=tmask)
+            tl.store(st_ptr + pid_n * st_stride + pid_m, sinv)
+    else:
+        if ROW:  # BN == 128: one block per row of the tile
+            scale = _te_scale(_mag_max(x, 1), fmax, eps, POW2)  # (BM,)
+            codes = _encode_fp8_sat(x * scale[:, None], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
+                               NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+            tl.store(q_ptr + row_offs, codes, mask=mask)
+            tl.store(s_ptr + rows.to(tl.int64) * s_stride + pid_n,
+                     tl.math.div_rn(1.0, scale), mask=rmask)
+        if COL:  # BM == 128: one block per column of the tile
+            scale = _te_scale(_mag_max(x, 0), fmax, eps, POW2)  # (BN,)
+            codes = _encode_fp8_sat(x * scale[None, :], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
+                               NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+            tl.store(qt_ptr + col_offs, tl.trans(codes), mask=tmask)
+            tl.store(st_ptr + cols.to(tl.int64) * st_stride + pid_m,
+                     tl.math.div_rn(1.0, scale), mask=cmask)
+
+
+def _scale_shape(rows: int, cols: int, block: tuple[int, int]) -> tuple[int, int]:
+    """scale_inv shape of a rowwise block quantization of a (rows, cols) matrix."""
+    bm, bn = block
+    return -(-rows // bm), -(-cols // bn)
+
+
+def quantize_block(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
+    """(data, scale_inv, columnwise_data, columnwise_scale_inv) of a Float8BlockScaling
+    recipe; the directions not asked for are None."""
+    fmt = get_format(recipe.fmt)
+    x = x.contiguous()
+    m, k = x.shape
+    dev = x.device
+    block = tuple(recipe.block)
+    q = s = qt = st = None
+    if rowwise:
+        q = torch.empty((m, k), dtype=torch.uint8, device=dev)
+        s = torch.empty(_scale_shape(m, k, block), dtype=torch.float32, device=dev)
+    if columnwise:
+        qt = torch.empty((k, m), dtype=torch.uint8, device=dev)
+        st = torch.empty(_scale_shape(k, m, block), dtype=torch.float32, device=dev)
+    if m and k:
+        bm, bn, warps = _TILES[(block[0], rowwise, columnwise)]
+        consts = dict(_fmt_constants(fmt), **_overflow_constants(fmt))
+        dummy_q = torch.empty(1, dtype=torch.uint8, device=dev)
+        dummy_s = torch.empty(1, dtype=torch.float32, device=dev)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
+        _block_cast_kernel[grid](
+            as_kernel_arg(x), q if rowwise else dummy_q, s if rowwise else dummy_s,
+            qt if columnwise else dummy_q, st if columnwise else dummy_s, m, k,
+            s.shape[1] if rowwise else 0, st.shape[1] if columnwise else 0, fmt.max,
+            recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=block[0] == BLOCK,
+            POW2=recipe.force_pow2_scales, SATURATE=recipe.saturation is Saturation.SATURATE,
+            X_BF16=x.dtype == torch.bfloat16, BM=bm, BN=bn, num_warps=warps, **consts)
+    view = lambda t: None if t is None else t.view(fmt.torch_dtype)  # noqa: E731
+    return view(q), s, view(qt), st

@@ -1,0 +1,173 @@
+"""MX block-scaled quantization (MXFP8 e4m3 / e5m2 / FNUZ, MXFP4 e2m1): rowwise, columnwise
+and both in one cast-transpose pass.
+
+One program reads one (BM, BN) tile of x (coalesced along K) once and writes
+
+* rowwise: E8M0 scales of its 1x32 blocks (blocks along K) and the codes, (M, K) for FP8 or
+  (M, ceil(K/2)) packed bytes for e2m1 (low nibble = even element);
+* columnwise (the rowwise quantization of x.T, stored (K, M)): scales of its 32x1 blocks and
+  the codes, transposed in registers (``tl.trans``) so the (K, M) store is coalesced along M.
+
+A partial last block (``pad=True``) is masked: its amax is over the real elements, missing
+elements read as 0 (so an odd e2m1 row gets a zero high nibble).  Block amax is the integer
+max of ``bits & 0x7FFFFFFF``: exact and NaN-propagating in one reduction (NaN bit patterns
+sort above Inf), so a block with NaN or Inf gets scale byte 255.  Scale, division by the
+scale and element rounding are the shared codecs (``_codecs``), the same bits as the
+reference on every target.
+
+Tiles (``_TILES``) are chosen for an H100/H200 and for AMD (64-wide wavefronts): 64 x 64
+elements with 4 warps is 32 fp32 values per thread (16 per lane of a wavefront pair); the
+rowwise-only tile is wide along K so each row segment read is 128 x 2 bytes.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp8_rounded,
+                                             _fmt_constants, _mx_descale, _mx_scale_constants)
+from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.formats import ElementRounding, get_format
+
+MX_BLOCK = 32
+# (BM, BN, num_warps) per direction set; BM and BN must be multiples of 32.
+_TILES = {(True, False): (32, 128, 4), (False, True): (64, 64, 4), (True, True): (64, 64, 4)}
+
+
+@triton.jit
+def _block_amax(xb, AXIS: tl.constexpr):
+    """max |x| along AXIS of a tile of fp32 blocks, NaN-propagating (integer max of the
+    magnitude bits: NaN > Inf > finite)."""
+    mag = xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(mag, axis=AXIS).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mx_encode(y, FP4: tl.constexpr, TIES_AWAY: tl.constexpr, FMAX: tl.constexpr,
+               MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+               NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr):
+    """uint8 element codes of descaled values (E2M1 nibbles or FP8 bytes); one byte per
+    code keeps the shared-memory transpose of the cast-transpose small."""
+    if FP4:
+        return _encode_fp4(y, TIES_AWAY).to(tl.uint8)
+    else:
+        return _encode_fp8_rounded(y, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
+                                   TIES_AWAY)
+
+
+@triton.jit
+def _pack_nibbles(codes, R: tl.constexpr, C: tl.constexpr):
+    """(R, C // 2) bytes of (R, C) uint8 E2M1 codes: low nibble = even element."""
+    even, odd = tl.split(tl.reshape(codes, (R, C // 2, 2)))
+    return even | (odd << 4)
+
+
+@triton.jit
+def _store_codes(ptr, codes, rows, col0, n_rows, n_cols, FP4: tl.constexpr, R: tl.constexpr,
+                 C: tl.constexpr):
+    """Store an (R, C) code tile at ``rows`` x [col0, col0 + C) of an (n_rows, n_cols)
+    row-major code matrix (FP8: one byte per code; FP4: ceil(n_cols / 2) bytes per row, C and
+    col0 even)."""
+    cols = col0 + tl.arange(0, C)
+    if FP4:
+        row_bytes = (n_cols + 1) // 2
+        bcols = col0 // 2 + tl.arange(0, C // 2)
+        offs = rows.to(tl.int64)[:, None] * row_bytes + bcols[None, :]
+        mask = (rows < n_rows)[:, None] & (bcols < row_bytes)[None, :]
+        tl.store(ptr + offs, _pack_nibbles(codes, R, C), mask=mask)
+    else:
+        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        tl.store(ptr + offs, codes, mask=mask)
+
+
+@triton.jit
+def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_stride,
+                    ROW: tl.constexpr, COL: tl.constexpr, FP4: tl.constexpr,
+                    TIES_AWAY: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr,
+                    MBITS: tl.constexpr, FMAX: tl.constexpr, EMIN: tl.constexpr,
+                    BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+                    SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(K, BN)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+    if ROW:
+        xb = tl.reshape(x, (BM, BN // 32, 32))
+        byte = _e8m0_scale(_block_amax(xb, 2), MODE, EMAX, MBITS, FMAX)  # (BM, BN // 32)
+        y = _mx_descale(xb, byte[:, :, None])
+        codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
+                                      NAN_CODE, SUB_SCALE), (BM, BN))
+        _store_codes(q_ptr, codes, rows, pid_n * BN, M, K, FP4, BM, BN)
+        kb = pid_n * (BN // 32) + tl.arange(0, BN // 32)
+        smask = (rows < M)[:, None] & (kb < tl.cdiv(K, 32))[None, :]
+        tl.store(s_ptr + rows.to(tl.int64)[:, None] * s_stride + kb[None, :],
+                 byte.to(tl.uint8), mask=smask)
+    if COL:
+        xb = tl.reshape(x, (BM // 32, 32, BN))
+        byte = _e8m0_scale(_block_amax(xb, 1), MODE, EMAX, MBITS, FMAX)  # (BM // 32, BN)
+        y = _mx_descale(xb, byte[:, None, :])
+        codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
+                                      NAN_CODE, SUB_SCALE), (BM, BN))
+        _store_codes(qt_ptr, tl.trans(codes), cols, pid_m * BM, K, M, FP4, BN, BM)
+        mb = pid_m * (BM // 32) + tl.arange(0, BM // 32)
+        smask = (cols < K)[:, None] & (mb < tl.cdiv(M, 32))[None, :]
+        tl.store(st_ptr + cols.to(tl.int64)[:, None] * st_stride + mb[None, :],
+                 tl.trans(byte).to(tl.uint8), mask=smask)
+
+
+def _n_blocks(n: int) -> int:
+    """E8M0 scales per row of n elements (the last block may be partial)."""
+    return -(-n // MX_BLOCK)
+
+
+def _row_stride(t: torch.Tensor | None) -> int:
+    """Elements between rows of a scale matrix the kernel writes (0 for one not written)."""
+    return 0 if t is None else t.stride(0)
+
+
+def _ties_away(recipe) -> bool:
+    return recipe.element_rounding is ElementRounding.TIES_AWAY
+
+
+def _codes_tensor(rows: int, cols: int, fmt, device) -> torch.Tensor:
+    """Codes of a (rows, cols) direction: uint8 bytes, two e2m1 codes per byte."""
+    return torch.empty((rows, -(-cols // 2) if fmt.packed else cols), dtype=torch.uint8,
+                       device=device)
+
+
+def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
+    """(data, scale_inv, columnwise_data, columnwise_scale_inv) of an MX recipe; the
+    directions not asked for are None."""
+    fmt = get_format(recipe.fmt)
+    x = x.contiguous()
+    m, k = x.shape
+    dev = x.device
+    q = s = qt = st = None
+    if rowwise:
+        q = _codes_tensor(m, k, fmt, dev)
+        s = torch.empty((m, _n_blocks(k)), dtype=torch.uint8, device=dev)
+    if columnwise:
+        qt = _codes_tensor(k, m, fmt, dev)
+        st = torch.empty((k, _n_blocks(m)), dtype=torch.uint8, device=dev)
+    if m and k:
+        bm, bn, warps = _TILES[(rowwise, columnwise)]
+        consts = dict(_fmt_constants(fmt), **_mx_scale_constants(fmt.name, recipe.scale_rounding))
+        dummy = torch.empty(1, dtype=torch.uint8, device=dev)
+        grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
+        _mx_cast_kernel[grid](
+            as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s,
+            dummy if qt is None else qt, dummy if st is None else st, m, k, _row_stride(s),
+            _row_stride(st), ROW=rowwise, COL=columnwise, FP4=fmt.packed,
+            TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16, BM=bm, BN=bn,
+            num_warps=warps, **consts)
+    if not fmt.packed:
+        q = None if q is None else q.view(fmt.torch_dtype)
+        qt = None if qt is None else qt.view(fmt.torch_dtype)
+    return q, s, qt, st
