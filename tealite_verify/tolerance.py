@@ -35,7 +35,9 @@ Declared numerics (``Backend.implements(numerics=...)``) read here:
 ``compute_dtype`` (default float32), ``accumulator_rounded_to`` (dtype), ``matmul_input_rounding``
 ("tf32"), ``partial_sums_rounded_to`` (dtype), ``accumulator_unit_roundoff`` (float, e.g. 2^-14
 for Hopper FP8 WGMMA), ``operands_dequantized_to`` (dtype: quantized operands were dequantized
-with one rounding before the matmul).  Every operation also gets an absolute
+with one rounding before the matmul), ``alignment_floor`` (dtype: the accumulator aligns
+products at the operands' exponents with subnormal operands counted at the format's smallest
+normal exponent, so the accumulation error scales with :func:`aligned_magnitude`).  Every operation also gets an absolute
 underflow term (Higham's eta, widened to the smallest normal: see ``underflow_error``).
 
 Overflow: where the reference lies beyond the output dtype's overflow threshold by more than the
@@ -283,6 +285,19 @@ def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Mapping[str, Any]
     e_c = coef * np.abs(np.asarray(magnitude, dtype=np.float64))
     e_c = e_c + (ops + reduction) * underflow_error(c_dt) * np.asarray(underflow_scale)
     return with_output_rounding(ref, e_c, out_dtype, roundings=roundings)
+
+
+def aligned_magnitude(x, dtype) -> np.ndarray:
+    """|x| with nonzero subnormals of ``dtype`` raised to twice its smallest normal.
+
+    Measured on an H100 (triton 3.6 fp16 ``tl.dot``): an fp16 subnormal operand's product is
+    aligned as if the operand had the smallest normal exponent, so the truncated low bits of a
+    sum are relative to 2^emin, not to the product's true size (exact 2.2357557e-07 came out
+    2.2357472e-07, 30 fp32 ulps).  Twice the smallest normal bounds 2^emin times any
+    significand below 2."""
+    ax = np.abs(np.asarray(x, dtype=np.float64))
+    floor = 2.0 * float(torch.finfo(dtype).tiny)
+    return np.where(ax != 0, np.maximum(ax, floor), ax)
 
 
 def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:

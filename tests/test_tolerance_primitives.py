@@ -243,3 +243,26 @@ def test_with_output_rounding_and_elementwise_bound_shape():
     assert tol[0] == 0.5 * 2.0**-6 + 2.0**-8
     tol2 = T.with_output_rounding(ref, 0.0, BF16, roundings=2)
     np.testing.assert_array_equal(tol2[:3], [2.0**-7] * 3)
+
+
+def test_alignment_floor_covers_the_measured_h100_subnormal_fp16_dot_only_when_declared():
+    """Measured on an H100 (ci/device_probes.py): an fp16 dot of [5 * 2^-24, 1023 * 2^-24] and
+    [0.75, 2^-20] gave 2.2357471607392654e-07 for the exact 2.2357556872520945e-07.  The base
+    tensor-core model (truncating fp32 accumulation) cannot explain that; the declared
+    ``alignment_floor`` (subnormal operands aligned at the smallest normal exponent) does, and
+    it changes nothing for normal operands."""
+    from tealite_verify import tolerance as T
+    a = np.array([[5 * 2.0 ** -24, 1023 * 2.0 ** -24]])
+    b = np.array([[0.75], [2.0 ** -20]])
+    p = a @ b
+    got = 2.2357471607392654e-07
+    base = {"accumulator_unit_roundoff": 2.0 ** -23}
+    floored = dict(base, alignment_floor=torch.float16)
+    err = abs(got - p[0, 0])
+    plain = T.gemm_error(np.abs(a) @ np.abs(b), p, 2, base)[0, 0]
+    aligned = T.gemm_error(T.aligned_magnitude(a, torch.float16)
+                           @ T.aligned_magnitude(b, torch.float16), p, 2, floored)[0, 0]
+    assert err > plain and err <= aligned
+    normal = np.array([[1.5, -3.0]])
+    assert np.array_equal(T.aligned_magnitude(normal, torch.float16), np.abs(normal))
+    assert T.aligned_magnitude(np.array([0.0]), torch.float16)[0] == 0.0

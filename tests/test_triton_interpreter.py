@@ -12,6 +12,9 @@ from tealite_verify.specs import get_spec
 TRITON = registry.get_backend("triton")
 pytestmark = pytest.mark.skipif(TRITON.unavailable_reason() is not None,
                                 reason=f"triton backend: {TRITON.unavailable_reason()}")
+# The same tests on a GPU run the compiled kernels on CUDA tensors.
+DEV = "cpu" if TRITON.unavailable_reason() or "cpu" in TRITON.impls["quantize"].support.devices \
+    else "cuda"
 
 CASE = {"recipe": {"kind": "current", "fmt": "e4m3fnuz", "granularity": "tensor",
                    "force_pow2_scales": False, "amax_epsilon": 0.0, "saturation": "saturate"},
@@ -21,7 +24,7 @@ CASE = {"recipe": {"kind": "current", "fmt": "e4m3fnuz", "granularity": "tensor"
 
 
 def test_triton_quantize_matches_reference_bit_exactly():
-    report = run_case(get_spec("quantize"), CASE, backends=["triton", "torch"])
+    report = run_case(get_spec("quantize"), CASE, backends=["triton", "torch"], device=DEV)
     assert report.verdict == "pass", report.describe()
     assert report.outcomes["triton"].status == "ok"
 
@@ -41,7 +44,7 @@ def test_seeded_kernel_bug_is_caught_under_the_interpreter(make_backend, monkeyp
             return tq.quantize(x, recipe, rowwise=rowwise, columnwise=columnwise, scale=scale)
 
     b.implements("quantize", devices=TRITON.impls["quantize"].support.devices)(seeded_quantize)
-    report = run_case(get_spec("quantize"), CASE, backends=["torch", b.name])
+    report = run_case(get_spec("quantize"), CASE, backends=["torch", b.name], device=DEV)
     assert report.outcomes[b.name].status == "ok"
     bad = {c.output for c in report.failures if c.lhs == b.name and c.rhs == "reference"}
     assert "data" in bad and "columnwise_data" in bad, report.describe()
@@ -52,11 +55,12 @@ def test_interpreter_bf16_workarounds_round_to_nearest_even():
     """bf16 outputs of the norm kernel are RNE (the interpreter's own bf16 store truncates)
     and bf16 subnormal inputs are read exactly (its own bf16 load mangles them)."""
     import tealite
-    x = torch.tensor([[7.62234618111327e-39]], dtype=torch.float32).bfloat16()
-    r = tealite.rmsnorm_fwd(x, torch.ones(1, dtype=torch.bfloat16), eps=1.0, backend="triton")
+    x = torch.tensor([[7.62234618111327e-39]], dtype=torch.float32).bfloat16().to(DEV)
+    r = tealite.rmsnorm_fwd(x, torch.ones(1, dtype=torch.bfloat16, device=DEV), eps=1.0,
+                            backend="triton")
     want = (x.float() / torch.sqrt(x.float() ** 2 + 1.0)).bfloat16()
     assert torch.equal(r.y.view(torch.int16), want.view(torch.int16))
-    beta = torch.tensor([0.39229682])
-    ln = tealite.layernorm_fwd(torch.zeros(1, 1, dtype=torch.bfloat16), torch.ones(1), beta,
-                               backend="triton")
+    beta = torch.tensor([0.39229682], device=DEV)
+    ln = tealite.layernorm_fwd(torch.zeros(1, 1, dtype=torch.bfloat16, device=DEV),
+                               torch.ones(1, device=DEV), beta, backend="triton")
     assert ln.y.item() == 0.392578125  # RNE; truncation would give 0.390625

@@ -87,7 +87,10 @@ def reference(x, case):
     out_dt = dtype_of(case["out_dtype"])
 
     def bounds(numerics):
-        return tolerance.gemm_tolerances(p_abs, p, pre, case["k"], out_dt, numerics,
+        floor = numerics.get("alignment_floor")
+        mag = p_abs if floor is None else ref.product(
+            tolerance.aligned_magnitude(a, floor), tolerance.aligned_magnitude(b, floor), layout)
+        return tolerance.gemm_tolerances(mag, p, pre, case["k"], out_dt, numerics,
                                          alpha=alpha, epilogue_abs=epilogue_abs,
                                          gelu_out=out if case["gelu"] else None)
 

@@ -379,10 +379,23 @@ def _why_not(params) -> str | None:
     return None
 
 
+# NVIDIA tensor cores add aligned products with truncation, not round-to-nearest (Fasi, Higham,
+# Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021): each addition
+# may lose up to one fp32 ulp, so the accumulation's unit roundoff is 2^-23, not 2^-24
+# (measured on an H100 by ci/device_probes.py: 1 + 2^-24 + 2^-24 - 0.75 * 2^-24 gives 1.0).
+# Subnormal fp16 operands are aligned at the smallest normal exponent (same probe), which the
+# ``alignment_floor`` key models.
+_TENSOR_CORE_U = 2.0 ** -23
+
+
 def _numerics(params) -> dict:
     # Tensor-core (or ieee fp32) products, fp32 accumulation over all of K (no split-K), fp32
-    # epilogue, one rounding to out_dtype: the gemm tier's base model, nothing extra.
-    return {"compute_dtype": torch.float32}
+    # epilogue, one rounding to out_dtype.
+    num = {"compute_dtype": torch.float32}
+    if params["device"] == "cuda" and params["dtype"] != torch.float32 and not INTERPRET:
+        num["accumulator_unit_roundoff"] = _TENSOR_CORE_U
+        num["alignment_floor"] = params["dtype"]
+    return num
 
 
 @BACKEND.implements("gemm", dtypes=_FLOATS, devices=DEVICES, layouts=("TN", "NN", "NT", "TT"),
