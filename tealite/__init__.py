@@ -2,6 +2,7 @@
 ROCm/AITER, Triton, torch._scaled_mm and PyTorch, behind one functional op API."""
 from tealite.errors import BackendUnavailable, TealiteArgumentError, UnsupportedCase
 from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
+from tealite.ops.fused import act_fwd_quantize, layernorm_fwd_quantize, rmsnorm_fwd_quantize
 from tealite.ops.gemm import GemmOutput, gemm
 from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_e8m0_scales,
                                  unshuffle_weight)
@@ -19,4 +20,5 @@ __all__ = [
     "backends", "get_backend", "quantize", "dequantize", "amax", "QuantizedTensor", "delayed_scaling_update",
     "qgemm", "QGemmOutput", "shuffle_weight", "unshuffle_weight", "shuffle_e8m0_scales",
     "unshuffle_e8m0_scales", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
+    "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
 ]

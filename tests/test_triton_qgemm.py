@@ -13,6 +13,8 @@ import triton.language as tl
 from tealite import registry
 from tealite import recipes as R
 from tealite.backends.triton import INTERPRET
+from tealite_verify import tolerance
+from tealite_verify.references import quantize as qref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 
@@ -25,7 +27,7 @@ SPEC = get_spec("qgemm")
 if TRITON.unavailable_reason() is None:
     from tealite.backends.triton import qgemm as tq
     _decode_f16 = tq._decode_f16
-    _e8m0_f32 = tq._e8m0_f32
+    _times_e8m0_pair = tq._times_e8m0_pair
 
 
 def _cur(fmt="e4m3", gran="tensor", **kw):
@@ -99,9 +101,13 @@ def _decode_kernel(c_ptr, out_ptr, EBITS: tl.constexpr, MBITS: tl.constexpr,
 
 
 @triton.jit
-def _e8m0_kernel(b_ptr, out_ptr):
-    offs = tl.arange(0, 256)
-    tl.store(out_ptr + offs, _e8m0_f32(tl.load(b_ptr + offs), 127))
+def _pair_kernel(part_ptr, byte_ptr, out_ptr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, 256)
+    offs = rows[:, None] * 256 + cols[None, :]
+    out = _times_e8m0_pair(tl.load(part_ptr + offs), tl.load(byte_ptr + rows),
+                           tl.load(byte_ptr + cols), 127)
+    tl.store(out_ptr + offs, out)
 
 
 _ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
@@ -126,15 +132,33 @@ def test_decode_f16_is_exact_for_every_code(fmt):
     assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
-def test_e8m0_decode_is_exact_for_every_byte():
-    b = torch.arange(256, dtype=torch.int32).to(torch.uint8).to(DEVICE)
-    out = torch.empty(256, dtype=torch.float32, device=DEVICE)
-    _e8m0_kernel[(1,)](b, out)
-    got = out.cpu().numpy()
-    want = np.ldexp(np.float64(1.0), np.arange(255) - 127).astype(np.float32)
-    assert np.isnan(got[255])
-    assert np.array_equal(got[:255].view(np.uint32), want[:255].view(np.uint32))
-    assert got[0] == 2.0**-127  # the subnormal scale is kept, not flushed
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_fallback_scales_partials_exactly_for_every_byte_pair():
+    """MX's fallback multiplies a block's partial sum by 2^(byte_b + byte_a - 254): exact for
+    every pair of bytes where the exact result is a normal fp32 (even when one factor alone is
+    not, e.g. 2^-127 x 2^127), off by less than the smallest normal below that, +-Inf above
+    fp32's range, NaN for byte 0xFF.  Partials span what 32 code products can (2^-34..2^37)."""
+    rng = np.random.default_rng(0)
+    mant = rng.integers(1 << 23, 1 << 24, size=(256, 256)).astype(np.float64) / 2.0**23
+    part = np.ldexp(mant * rng.choice([-1.0, 1.0], size=(256, 256)),
+                    rng.integers(-34, 38, size=(256, 256))).astype(np.float32)
+    byte = np.arange(256)
+    out = torch.empty(256, 256, dtype=torch.float32, device=DEVICE)
+    _pair_kernel[(4,)](torch.from_numpy(part).to(DEVICE),
+                       torch.from_numpy(byte.astype(np.uint8)).to(DEVICE), out, ROWS=64)
+    got = out.cpu().numpy().astype(np.float64)
+    nan = (byte[:, None] == 255) | (byte[None, :] == 255)
+    with np.errstate(over="ignore"):
+        want = np.ldexp(part.astype(np.float64), byte[:, None] + byte[None, :] - 254)
+    tiny, big = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+    assert np.isnan(got[nan]).all() and not np.isnan(got[~nan]).any()
+    normal = ~nan & (np.abs(want) >= tiny) & (np.abs(want) <= big)
+    assert np.array_equal(got[normal], want[normal])
+    under = ~nan & (np.abs(want) < tiny)
+    assert (np.abs(got[under] - want[under]) < tiny).all()
+    over = ~nan & (np.abs(want) > big)
+    assert over.any() and np.array_equal(got[over], np.copysign(np.inf, want[over]))
+    assert normal[0, 254] and normal[1, 253]  # 2^-127 x 2^127: the split keeps them exact
 
 
 # ---- declared numerics ------------------------------------------------------------------------
@@ -150,20 +174,30 @@ def test_numerics_declare_hopper_fp8_accumulation_only_on_native_cuda_dots(monke
     fp8 = tq._numerics(_params("fp8", "e4m3", "e5m2", k, "cuda"))
     assert fp8["accumulator_unit_roundoff"] == 2.0**-14
     assert "operands_dequantized_to" not in fp8
-    for kind, inner in (("block", 128), ("mx", 32)):
-        nm = tq._numerics(_params(kind, "e4m3", "e4m3", k, "cuda"))
-        u = nm["accumulator_unit_roundoff"]
-        # The declared K-term bound covers inner sums at ~14 bits plus fp32 sums of partials,
-        # and is far tighter than modelling all of K at 14 bits.
-        assert k * u >= inner * 2.0**-14 + k * 2.0**-24
-        assert u < 2.0**-14 / 16
-        assert nm["operands_dequantized_to"] == torch.float32
-    # Decoded operands (FNUZ on NVIDIA, E2M1) go through fp16 dots with fp32 accumulation.
-    for fa, fb in (("e4m3fnuz", "e4m3fnuz"), ("e2m1", "e4m3")):
-        kind = "mx" if "e2m1" in (fa, fb) else "fp8"
-        assert "accumulator_unit_roundoff" not in tq._numerics(_params(kind, fa, fb, k, "cuda"))
+    nm = tq._numerics(_params("block", "e4m3", "e4m3", k, "cuda"))
+    u = nm["accumulator_unit_roundoff"]
+    # The declared K-term bound covers inner sums at ~14 bits plus fp32 sums of partials,
+    # and is far tighter than modelling all of K at 14 bits.
+    assert k * u >= 128 * 2.0**-14 + k * 2.0**-24
+    assert u < 2.0**-14 / 16
+    assert nm["operands_dequantized_to"] == torch.float32
+    # Decoded operands (FNUZ on NVIDIA) go through fp16 dots with fp32 accumulation.
+    assert "accumulator_unit_roundoff" not in tq._numerics(_params("fp8", "e4m3fnuz",
+                                                                   "e4m3fnuz", k, "cuda"))
     assert "accumulator_unit_roundoff" not in tq._numerics(_params("fp8", "e4m3", "e4m3", k,
                                                                    "cpu"))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+@pytest.mark.parametrize("fmts", [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e2m1", "e4m3"),
+                                  ("e4m3fnuz", "e2m1")])
+def test_mx_numerics_are_the_base_model(monkeypatch, device, fmts):
+    """MX declares exact products and fp32 sums only: no 14-bit FP8 accumulator and no operand
+    rounding term (both paths scale by powers of two exactly), so its bound is the tightest
+    the tier has, and tighter than before (it had both terms on native CUDA)."""
+    monkeypatch.setattr(tq, "_native_fp8_formats", lambda device: frozenset({"e4m3", "e5m2"}))
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert tq._numerics(_params("mx", *fmts, 4096, device)) == {"compute_dtype": torch.float32}
 
 
 def test_bad_scale_shapes_are_rejected_with_the_argument_named():
@@ -178,6 +212,130 @@ def test_bad_scale_shapes_are_rejected_with_the_argument_named():
         tq.launch(blk, codes, torch.ones(1, 1, device=DEVICE), R.Float8BlockScaling(), codes,
                   torch.ones(8, 2, device=DEVICE), m=8, n=8, k=64, out_dtype=torch.float32,
                   bias=None)
+
+
+# ---- MX scale bytes outside the fast path's exact range ----------------------------------------
+
+def _finite_codes(fmt, shape, rng, subnormal=False):
+    n = 16 if fmt == "e2m1" else 256
+    codes = np.arange(n, dtype=np.uint8)
+    vals = np.abs(codes.view(_ML[fmt]).astype(np.float64))
+    keep = np.isfinite(vals)
+    if subnormal:
+        keep &= (vals > 0) & (vals < float(ml_dtypes.finfo(_ML[fmt]).smallest_normal))
+    return rng.choice(codes[keep], size=shape)
+
+
+def _edge_operands(case, fmt_a, fmt_b):
+    """(a bits (N, K), a bytes, b bits (M, K), b bytes): normal random MX operands with one edge
+    planted; M = 20, N = 40 span fast and fallback tiles in one launch."""
+    rng = np.random.default_rng(7)
+    m, n, k = 20, 40, 128
+    a_bits, b_bits = _finite_codes(fmt_a, (n, k), rng), _finite_codes(fmt_b, (m, k), rng)
+    a_bytes, b_bytes = rng.integers(120, 135, (n, 4)), rng.integers(120, 135, (m, 4))
+    if case == "overflow":
+        # Columns 0-2, block 1: codes x 2^(byte - 127) above bf16's (= fp32's) largest value;
+        # B's block 1 scaled down so that every product stays far inside fp32.
+        a_bytes[:3, 1] = min(tq._fast_byte_range(fmt_a, 127)[1] + 3, 254)
+        b_bytes[:, 1] = 20
+    elif case == "underflow":
+        # Rows 0-3: only block 2 is nonzero, subnormal codes at byte 0 (below bf16's subnormal
+        # step 2^-133); A's block 2 scaled up so those products are the rows' whole result.
+        b_bits[:4] = 0
+        b_bits[:4, 64:96] = _finite_codes(fmt_b, (4, 32), rng, subnormal=True)
+        b_bytes[:4] = 0
+        a_bytes[:, 2] = 200
+    elif case == "nan-byte":
+        a_bytes[5, 3] = 0xFF
+    elif case == "zero-blocks":
+        # amax == 0 blocks (byte 0, zero codes) stay on the fast path, exactly.
+        b_bits[8:12], b_bytes[8:12] = 0, 0
+        a_bits[30:34, :32], a_bytes[30:34, 0] = 0, 0
+    return a_bits, a_bytes.astype(np.uint8), b_bits, b_bytes.astype(np.uint8)
+
+
+def _edge_mismatches(case, fmt_a, fmt_b) -> int:
+    """Elements of the triton MX product outside the declared gemm bound (NaN must match)."""
+    a_bits, a_bytes, b_bits, b_bytes = _edge_operands(case, fmt_a, fmt_b)
+    (n, k), m = a_bits.shape, b_bits.shape[0]
+
+    def codes(bits, fmt):
+        return torch.from_numpy(qref.pack_e2m1(bits) if fmt == "e2m1" else bits).to(DEVICE)
+
+    out = tq.launch(R.MXBlockScaling(fmt_a), codes(a_bits, fmt_a),
+                    torch.from_numpy(a_bytes).to(DEVICE), R.MXBlockScaling(fmt_b),
+                    codes(b_bits, fmt_b), torch.from_numpy(b_bytes).to(DEVICE), m=m, n=n, k=k,
+                    out_dtype=torch.float32, bias=None).cpu().numpy().astype(np.float64)
+    a = qref.mx_dequantize(a_bits, a_bytes, fmt_a)
+    b = qref.mx_dequantize(b_bits, b_bytes, fmt_b)
+    with np.errstate(invalid="ignore"):
+        want, p_abs = b @ a.T, np.abs(b) @ np.abs(a).T
+    numerics = tq._numerics({"kind": "mx", "fmt_a": fmt_a, "fmt_b": fmt_b, "k": k,
+                             "device": "cpu" if INTERPRET else "cuda"})
+    tol = tolerance.gemm_tolerances(np.nan_to_num(p_abs), np.nan_to_num(want), want, k,
+                                    torch.float32, numerics, alpha=1.0,
+                                    epilogue_abs=np.zeros_like(want))["out"]
+    nan = np.isnan(want)
+    with np.errstate(invalid="ignore"):
+        bad = np.isnan(out) != nan
+        bad |= ~nan & ~(np.abs(out - want) <= tol)
+    return int(bad.sum())
+
+
+_EDGES = ["overflow", "underflow", "nan-byte", "zero-blocks"]
+_EDGE_FMTS = [("e4m3", "e4m3"), ("e2m1", "e5m2")]
+
+
+@pytest.mark.parametrize("fmts", _EDGE_FMTS, ids="-".join)
+@pytest.mark.parametrize("case", _EDGES)
+def test_mx_scale_bytes_outside_the_fast_range_stay_exact(case, fmts):
+    """Tiles whose scaled operands would leave bf16's normal range (or meet a NaN byte) take
+    the exact per-block fallback; zero blocks at byte 0 keep the fast path; both are judged
+    against the float64 product with the declared (base-model) bound."""
+    assert _edge_mismatches(case, *fmts) == 0
+
+
+@triton.jit
+def _garbage_pair(part, byte_b, byte_a, E8M0_BIAS: tl.constexpr):
+    return part * 0.0 + 12345.0
+
+
+@pytest.mark.skipif(not INTERPRET, reason="swaps a jit helper: interpreter only")
+def test_mx_routes_per_tile(monkeypatch):
+    """With the fallback's scaling sabotaged, zero blocks at byte 0 stay exact (fast path after
+    the code check), and a planted edge spoils only the tiles holding it (M = 20 rows and
+    N = 40 columns are 2 x 2 tiles of the interpreter's 16 x 32 config)."""
+    monkeypatch.setattr(tq, "_times_e8m0_pair", _garbage_pair)
+    assert _edge_mismatches("zero-blocks", "e4m3", "e4m3") == 0
+    assert 0 < _edge_mismatches("overflow", "e4m3", "e4m3") < 20 * 40
+    assert 0 < _edge_mismatches("underflow", "e4m3", "e4m3") < 20 * 40
+
+
+def _always_fast(m):
+    m.setattr(tq, "_fast_byte_range", lambda fmt, bias: (0, 255))
+
+
+def _high_bytes_fast(m):
+    good = tq._fast_byte_range
+    m.setattr(tq, "_fast_byte_range", lambda fmt, bias: (good(fmt, bias)[0], 255))
+
+
+def _codes_not_checked(m):
+    good = tq._decode_constants
+    m.setattr(tq, "_decode_constants", lambda fmt: dict(good(fmt), MAG=0))
+
+
+@pytest.mark.parametrize("fmts", _EDGE_FMTS, ids="-".join)
+@pytest.mark.parametrize("seed,cases", [
+    (_always_fast, ["overflow", "underflow"]),  # no fallback at all
+    (_high_bytes_fast, ["overflow"]),  # the upper byte bound dropped
+    (_codes_not_checked, ["underflow"]),  # low bytes pass as if their codes were all zero
+], ids=lambda v: v.__name__.strip("_") if callable(v) else "+".join(v))
+def test_seeded_mx_routing_bugs_are_caught(monkeypatch, seed, cases, fmts):
+    for case in cases:
+        with monkeypatch.context() as m:
+            seed(m)
+            assert _edge_mismatches(case, *fmts) > 0, case
 
 
 # ---- seeded kernel bugs -----------------------------------------------------------------------
@@ -204,7 +362,7 @@ def _swap_row_scale_args(launch_one):
     def run(cfg, args, flags, kind, m, n, k):
         args = list(args)
         args[2], args[3] = args[3], args[2]
-        args[11], args[13] = args[13], args[11]
+        args[12], args[14] = args[14], args[12]  # stride_sa_row, stride_sb_row
         return launch_one(cfg, tuple(args), flags, kind, m, n, k)
     return run
 

@@ -1,6 +1,8 @@
 """Triton quantization kernels (MX, Float8BlockScaling, FP8 cast-transpose, dequantize) and
 their shared codecs, run through Triton's interpreter in CI.
 
+* Hardware FP8 conversion (``_codecs.hw_fp8``): on an sm_89+ GPU its codes equal the integer
+  encoder's on every boundary class; under the interpreter the integer encoder is used.
 * Codec unit tests: ``_e8m0_scale`` (every fp32 exponent field, RCEIL boundaries, subnormals,
   0 / NaN / Inf), ``_encode_fp4``, ``_encode_fp8_rounded`` (RNE and ties-away),
   ``_encode_fp8_sat`` (non-saturating), ``_mx_descale`` and the dequantize decoder, each run
@@ -82,6 +84,21 @@ def _fp8_nonfinite_kernel(v_ptr, o_ptr, n, fmax, MBITS: tl.constexpr, EMIN: tl.c
     v = tl.load(v_ptr + offs, mask=m, other=0.0)
     tl.store(o_ptr + offs, C._encode_fp8_sat(v, fmax, False, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
                                              SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE), mask=m)
+
+
+@triton.jit
+def _fp8_path_kernel(v_ptr, o_ptr, n, fmax, SATURATE: tl.constexpr, HW: tl.constexpr,
+                     MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                     FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                     OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr, OVF_CODE: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """``_encode_fp8_sat`` (RNE) with the hardware conversion chosen explicitly (HW)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(v_ptr + offs, mask=m, other=0.0)
+    tl.store(o_ptr + offs, C._encode_fp8_sat(v, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
+                                             NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE,
+                                             OVF_CODE, HW), mask=m)
 
 
 @triton.jit
@@ -215,6 +232,79 @@ def test_encode_fp8_nonfinite_matches_reference(fmt):
     _assert_same(np.where(nan_both, 0, got), np.where(nan_both, 0, want), v)
 
 
+def _fp8_boundary_inputs(fmt: str) -> np.ndarray:
+    """Every fp32 bit-pattern class near the format's rounding boundaries: every code value,
+    every midpoint between neighbouring codes, and +-1, +-2 fp32 ulps around both; fp32
+    subnormals; max and beyond (up to Inf); +-0; NaNs of both signs and several payloads;
+    every fp32 exponent field; random bit patterns."""
+    tab = np.unique(np.abs(ref.codes_table(fmt)))
+    tab = tab[np.isfinite(tab)].astype(np.float64)
+    mids = (tab[1:] + tab[:-1]) / 2  # exact in fp32: one more mantissa bit than the format
+    pts = np.concatenate([tab, mids, [ref.fmt_max(fmt) * 2 - mids[-1]]]).astype(F32)
+    u = pts.view(np.uint32).astype(np.int64)
+    near = np.concatenate([u + d for d in (-2, -1, 0, 1, 2)])
+    near = near[(near >= 0) & (near < 0x7F800000)].astype(np.uint32).view(F32)
+    sub = _bits(np.concatenate([np.arange(1, 64, dtype=np.uint32),
+                                0x7FFFFF - np.arange(64, dtype=np.uint32),
+                                1 << np.arange(23, dtype=np.uint32)]))
+    big = F32(ref.fmt_max(fmt)) * np.array([1.0, 1.0625, 1.124, 1.125, 1.126, 2, 1e3, 1e30],
+                                            F32)
+    nans = _bits(np.array([0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0x7FA00000], np.uint32))
+    rng = np.random.default_rng(5)
+    rand = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32).view(F32)
+    pos = np.concatenate([near, sub, big, nans, _every_exponent(), np.array([0.0, np.inf], F32)])
+    return np.concatenate([pos, -pos, rand]).astype(F32)
+
+
+@pytest.mark.parametrize("saturate", [True, False], ids=["saturate", "nonfinite"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_hw_fp8_conversion_gives_the_integer_encoders_bits(fmt, saturate):
+    """On a GPU where ``hw_fp8`` is true, the hardware-conversion path and the integer
+    encoder give identical codes on every boundary class (and both the reference's)."""
+    if INTERPRET or not torch.cuda.is_available() or not C.hw_fp8(torch.device("cuda")):
+        pytest.skip("needs an NVIDIA GPU of sm_89+ running compiled kernels (hw_fp8 false here)")
+    f = get_format(fmt)
+    v = _fp8_boundary_inputs(fmt)
+    kw = dict(fmax=f.max, SATURATE=saturate, **C._fmt_constants(f), **C._overflow_constants(f))
+    hw = _launch(_fp8_path_kernel, [v], torch.uint8, HW=True, **kw)
+    sw = _launch(_fp8_path_kernel, [v], torch.uint8, HW=False, **kw)
+    _assert_same(hw, sw, v)
+    if saturate:
+        with np.errstate(invalid="ignore", over="ignore"):
+            _assert_same(hw, ref.codes_to_bits(ref.round_elements(v, fmt)), v)
+
+
+def test_boundary_inputs_hold_ties_and_both_nan_signs():
+    """The hardware-path test can fail: its inputs hold exact ties (where RNE and ties-away
+    differ), values beyond max, and NaNs of both signs (whose codes a bare cast might not
+    give the integer encoder's sign)."""
+    for fmt in ("e4m3", "e5m2"):
+        v = _fp8_boundary_inputs(fmt)
+        with np.errstate(invalid="ignore", over="ignore"):
+            rne, away = (ref.codes_to_bits(ref.round_elements(v, fmt, rounding=r))
+                         for r in ("rne", "ties_away"))
+        assert (rne != away).any()
+        signs = np.signbit(v[np.isnan(v)])
+        assert signs.any() and not signs.all()
+        assert (np.abs(v[np.isfinite(v)]) > ref.fmt_max(fmt)).any()
+
+
+def test_interpreter_uses_the_integer_fp8_encoder():
+    """Under the interpreter (whose fp32 -> fp8 cast rounds ties away) no kernel gets the
+    hardware path, and a per-tensor cast of exact e4m3 ties gives RNE codes."""
+    if not INTERPRET:
+        pytest.skip("checks the interpreter's choice of encoder")
+    import tealite
+    assert not C.hw_fp8(torch.device("cpu")) and not C.hw_fp8(torch.device("cuda", 0))
+    tab = np.unique(np.abs(ref.codes_table("e4m3")))
+    tab = tab[np.isfinite(tab)].astype(np.float64)
+    mids = ((tab[1:] + tab[:-1]) / 2).astype(F32)
+    x = torch.from_numpy(np.concatenate([mids, -mids])[None, :].copy())
+    q = tealite.quantize(x, R.DelayedScaling("e4m3"), scale=torch.ones(1), backend="triton")
+    want = ref.codes_to_bits(ref.round_elements(x.numpy()[0], "e4m3"))
+    _assert_same(q.data.view(torch.uint8).numpy()[0], want, x.numpy()[0])
+
+
 def test_mx_descale_matches_reference_every_byte():
     rng = np.random.default_rng(3)
     x = np.concatenate([np.array([1.0, -1.0, 1.5, 3.0, 2.0 ** -149, -(2.0 ** -149), 2.0 ** -126,
@@ -228,6 +318,9 @@ def test_mx_descale_matches_reference_every_byte():
     with np.errstate(invalid="ignore", over="ignore"):
         want = (xs.astype(np.float64) / ref.e8m0_value(b)).astype(F32)
     want = np.where(b == ref.E8M0_NAN, F32(0.0), want).astype(F32)  # codes 0 under NaN
+    # Bit-exact except NaN payloads (the H100 returns 0x7FFFFFFF for NaN / 2^k; payloads carry
+    # no meaning here, as NaN inputs become NaN codes whatever the payload).
+    got, want = (np.where(np.isnan(v), F32(np.nan), v).astype(F32) for v in (got, want))
     _assert_same(got.view(np.uint32), want.view(np.uint32), xs)
 
 
@@ -346,7 +439,7 @@ def test_seeded_kernel_bug_is_caught(make_backend, monkeypatch, name):
         pytest.skip("patches a @triton.jit helper, which only the interpreter re-reads")
     case, patches, must_fail = SEEDED[name]
     wrong = _seeded_backend(make_backend, monkeypatch, patches)
-    report = run_case(get_spec("quantize"), case, backends=["torch", wrong])
+    report = run_case(get_spec("quantize"), case, backends=["torch", wrong], device=DEV)
     assert report.outcomes[wrong].status == "ok", report.describe()
     bad = {c.output for c in report.failures if c.lhs == wrong and c.rhs == "reference"}
     assert must_fail <= bad, report.describe()
@@ -355,7 +448,8 @@ def test_seeded_kernel_bug_is_caught(make_backend, monkeypatch, name):
 
 @pytest.mark.parametrize("name", sorted(SEEDED))
 def test_unseeded_kernel_passes_the_seeded_cases(name):
-    report = run_case(get_spec("quantize"), SEEDED[name][0], backends=["triton", "torch"])
+    report = run_case(get_spec("quantize"), SEEDED[name][0], backends=["triton", "torch"],
+                      device=DEV)
     assert report.verdict == "pass", report.describe()
     assert report.outcomes["triton"].status == "ok"
 
@@ -376,7 +470,7 @@ def test_seeded_dequantize_bias_is_caught(make_backend, monkeypatch):
 
     b.implements("dequantize", devices=impl.support.devices)(seeded)
     spec = get_spec("dequantize")
-    report = run_case(spec, case, backends=["torch", b.name, "triton"])
+    report = run_case(spec, case, backends=["torch", b.name, "triton"], device=DEV)
     bad = {(c.lhs, c.rhs) for c in report.failures}
     assert (b.name, "reference") in bad, report.describe()
     assert not {p for p in bad if b.name not in p}, report.describe()
@@ -416,7 +510,7 @@ def test_long_rows_take_the_tiled_per_row_path(monkeypatch):
     calls = []
     real = TQ._per_row_tiles
     monkeypatch.setattr(TQ, "_per_row_tiles", lambda *a: calls.append(1) or real(*a))
-    report = run_case(get_spec("quantize"), case, backends=["triton", "torch"])
+    report = run_case(get_spec("quantize"), case, backends=["triton", "torch"], device=DEV)
     assert report.verdict == "pass" and calls, report.describe()
 
 
@@ -436,6 +530,6 @@ def test_quant_roundtrip_smoke_cases_pass():
     torch backend (the quant_roundtrip spec has no op of its own in the differential suite)."""
     spec = get_spec("quant_roundtrip")
     for case in spec.smoke_cases:
-        report = run_case(spec, case, backends=["triton", "torch"])
+        report = run_case(spec, case, backends=["triton", "torch"], device=DEV)
         assert report.verdict == "pass" and report.outcomes["triton"].status == "ok", \
             report.describe()

@@ -10,3 +10,4 @@ BACKEND = register_backend(Backend(
 ))
 
 from tealite.backends.torch import activations, gemm, layouts, norms, qgemm, quantize  # noqa: E402,F401,I001
+from tealite.backends.torch import fused  # noqa: E402,F401  (after norms, activations, quantize)

@@ -12,6 +12,10 @@ Kernels in this package import from here.  Stable API (other kernels call these)
 
 * ``_encode_fp8(v, fmax, **_fmt_constants(fmt))`` -> uint8 FP8 codes, RNE, saturating;
   ``_encode_fp8_rounded(..., TIES_AWAY)`` the same with a choice of element rounding.
+  Both (and ``_encode_fp8_sat``) take an optional last constexpr ``HW_FP8`` (default False):
+  the host passes ``hw_fp8(device)`` to let OCP RNE encodes use the hardware conversion
+  (``_encode_fp8_hw``), which gives the same bits (tested exhaustively near every code
+  boundary on the GPU) with ~5 instructions per element instead of ~30.
 * ``_encode_fp4(v, TIES_AWAY)`` -> int32 E2M1 codes (low 4 bits), saturating.
 * ``_te_scale(amax, fmax, eps, POW2)`` -> TE's fp32 scale from an amax.
 * ``_e8m0_scale(amax, **_mx_scale_constants(fmt_name, mode))`` -> int32 biased E8M0 byte.
@@ -23,19 +27,64 @@ Kernels in this package import from here.  Stable API (other kernels call these)
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import torch
 import triton
 import triton.language as tl
 
+from tealite.backends.triton import INTERPRET
 from tealite.formats import get_format
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def hw_fp8(device) -> bool:
+    """Whether kernels on ``device`` may build OCP FP8 codes with the hardware conversion.
+
+    Only NVIDIA CUDA sm_89+ compiled (not interpreted): there Triton lowers an fp32 -> fp8e4nv
+    / fp8e5 ``.to()`` to ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32``, RNE with saturation, the
+    integer encoder's rule.  Not the interpreter (its cast rounds ties away), not ROCm
+    (gfx942 has FNUZ formats; gfx950's conversion is not verified here), not older GPUs
+    (Triton emulates the conversion there)."""
+    device = torch.device(device)
+    if INTERPRET or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_capability(index) >= (8, 9)
 
 
 @triton.jit
 def _encode_fp8(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
-                FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr):
+                FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                HW_FP8: tl.constexpr = False):
     """uint8 FP8 codes of fp32 values ``v`` (RNE, saturating to +-fmax).  The constexprs come
     from ``_fmt_constants(fmt)``; ``_encode_fp8_rounded`` adds ties-away rounding."""
-    return _encode_fp8_rounded(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, False)
+    return _encode_fp8_rounded(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, False,
+                               HW_FP8)
+
+
+@triton.jit
+def _encode_fp8_hw(v, fmax, MBITS: tl.constexpr, NAN_CODE: tl.constexpr):
+    """OCP e4m3 (MBITS 3) / e5m2 (MBITS 2) codes by the hardware conversion: only where
+    ``hw_fp8`` is true, which makes them ``_encode_fp8_int``'s bits (RNE, saturating; fmax
+    the format's max, a code, so clamping before or after rounding is the same).
+
+    The clamp keeps a saturating result whatever the lowering; NaN codes are then set to the
+    integer encoder's: NAN_CODE with the input's sign bit (the conversion's NaN sign is not
+    specified)."""
+    c = tl.minimum(tl.maximum(v, -fmax), fmax)
+    if MBITS == 2:
+        q = c.to(tl.float8e5, fp_downcast_rounding="rtne")
+    else:
+        q = c.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    code = q.to(tl.uint8, bitcast=True)
+    nan = tl.where(v.to(tl.int32, bitcast=True) < 0, NAN_CODE | 0x80, NAN_CODE)
+    return tl.where(v != v, nan.to(tl.uint8), code)
 
 
 @triton.jit
@@ -66,10 +115,25 @@ def _fmt_constants(fmt) -> dict:
 @triton.jit
 def _encode_fp8_rounded(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
                         FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-                        TIES_AWAY: tl.constexpr):
+                        TIES_AWAY: tl.constexpr, HW_FP8: tl.constexpr = False):
     """``_encode_fp8`` with the element rounding chosen: RNE, or (``TIES_AWAY``) round to
     nearest with exact ties moved away from zero (MX recipes allow it for FP8 elements).
-    Saturating to +-fmax in both modes, as the MX spec requires.
+    Saturating to +-fmax in both modes, as the MX spec requires.  With ``HW_FP8`` (host:
+    ``hw_fp8(device)``) OCP RNE codes come from the hardware conversion; FNUZ and ties-away
+    always use the integer encoder."""
+    if HW_FP8 and not FNUZ and not TIES_AWAY:
+        code = _encode_fp8_hw(v, fmax, MBITS, NAN_CODE)
+    else:
+        code = _encode_fp8_int(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, TIES_AWAY)
+    return code
+
+
+@triton.jit
+def _encode_fp8_int(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                    FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                    TIES_AWAY: tl.constexpr):
+    """The integer encoder behind ``_encode_fp8_rounded``: every target, the interpreter
+    included.
 
     The tie is detected after RNE: ``a - r`` is exact (both on the fp32 grid, |a - r| <= half
     a code step), and equals half the step exactly only at a midpoint."""
@@ -111,32 +175,30 @@ def _encode_fp4(v, TIES_AWAY: tl.constexpr):
     """int32 E2M1 codes (low 4 bits: S.EE.M) of fp32 values ``v``, saturating to +-6.
 
     RNE, or round to nearest with ties away from zero (``TIES_AWAY``, AITER's Triton MXFP4).
-    Same fp32 magic-number rounding as ``_encode_fp8`` with E2M1's constants (mbits 1,
-    emin 0, bias 1; 0.5 is the only subnormal).  A negative value that rounds to zero keeps
-    its sign (0b1000), as hardware casts and the reference do.  E2M1 has no NaN: NaN gives
-    the code ml_dtypes (the reference's oracle) gives, 0b1000 for a positive-signed NaN and
-    0b0000 for a negative-signed one; MX never relies on it (a block containing NaN gets the
-    NaN scale and unspecified codes).  Callers pack two codes per byte, low nibble = even."""
-    bits = v.to(tl.int32, bitcast=True)
-    neg = bits < 0
-    is_nan = v != v
-    a = tl.minimum(tl.abs(v), 6.0)
-    a = tl.where(is_nan, 0.0, a)
-    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    s = tl.maximum(e, 0) - 1
-    magic = ((s + 23 + 127) << 23).to(tl.float32, bitcast=True)
-    r = (a + magic) - magic
+    E2M1 has 8 magnitudes (0, 0.5, 1, 1.5, 2, 3, 4, 6), so the magnitude code is the number
+    of midpoints (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) that |v| passes: a comparison ladder,
+    ~15 ops, no integer bit work.  A tie goes to the even code under RNE, so the midpoint
+    above an odd code (0.75, 1.75, 3.5) counts when reached (``>=``) and the others only when
+    passed (``>``); ties-away counts every midpoint reached.  Beyond 5 (Inf too) the code is
+    7 (6.0): saturation.  A negative value that rounds to zero keeps its sign (0b1000), as
+    hardware casts and the reference do.  E2M1 has no NaN: NaN (every comparison false,
+    magnitude code 0) gives the code ml_dtypes (the reference's oracle) gives, 0b1000 for a
+    positive-signed NaN and 0b0000 for a negative-signed one; MX never relies on it (a block
+    containing NaN gets the NaN scale and unspecified codes).  Callers pack two codes per
+    byte, low nibble = even element."""
+    a = tl.abs(v)
     if TIES_AWAY:
-        half = ((s - 1 + 127) << 23).to(tl.float32, bitcast=True)
-        step = ((s + 127) << 23).to(tl.float32, bitcast=True)
-        r = tl.where(a - r == half, r + step, r)
-    r = tl.minimum(r, 6.0)
-    rb = r.to(tl.int32, bitcast=True)
-    re = ((rb >> 23) & 0xFF) - 127
-    code_n = ((re + 1) << 1) | ((rb >> 22) & 1)
-    code_s = (r * 2.0).to(tl.int32)  # 0 or 1 (0.5)
-    code = tl.where(re >= 0, code_n, code_s) | tl.where(neg, 8, 0)
-    return tl.where(is_nan, tl.where(neg, 0, 8), code)
+        code = ((a >= 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32)
+                + (a >= 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
+                + (a >= 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+                + (a >= 5.0).to(tl.int32))
+    else:
+        code = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32)
+                + (a > 1.25).to(tl.int32) + (a >= 1.75).to(tl.int32)
+                + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+                + (a > 5.0).to(tl.int32))
+    sign = (v.to(tl.int32, bitcast=True) >> 28) & 8  # arithmetic shift: bit 31 -> bit 3
+    return code | tl.where(v != v, sign ^ 8, sign)
 
 
 # ---- MX (E8M0 block scales) ------------------------------------------------------------------
@@ -258,11 +320,12 @@ def _overflow_constants(fmt) -> dict:
 def _encode_fp8_sat(v, fmax, SATURATE: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                     BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                     SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
-                    OVF_CODE: tl.constexpr):
+                    OVF_CODE: tl.constexpr, HW_FP8: tl.constexpr = False):
     """uint8 FP8 codes (RNE) under a recipe's Saturation: saturating (SATURATE) or
     non-finite on overflow.  Constexprs: ``_fmt_constants(fmt)`` and
-    ``_overflow_constants(fmt)``."""
-    code = _encode_fp8(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE)
+    ``_overflow_constants(fmt)``.  The overflow fix-up works from ``v`` on the saturated
+    codes, so ``HW_FP8`` (same saturated bits) is allowed for both."""
+    code = _encode_fp8(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, HW_FP8)
     if not SATURATE:
         code = _fp8_overflow(v, code, OVF_THRESH, OVF_TIE, OVF_CODE, FNUZ)
     return code

@@ -2,7 +2,9 @@
 here; Float8BlockScaling (``quantize_block``) and MX (``quantize_mx``) are routed from the
 single registered ``quantize`` (the registry holds one implementation per backend and op).
 
-Codes come from the integer encoders in ``_codecs`` (see there why not ``.to(fp8)``).
+Codes come from the encoders in ``_codecs``: the integer encoder everywhere, or on NVIDIA sm_89+
+(``hw_fp8``) the hardware conversion for OCP formats, with the same bits.  Launch parameters
+are in ``CONFIGS`` (swept by benchmarks/quantize_tiles.py).
 
 Per-tensor current scaling: one amax pass (partial maxima, reduced on the device: no host
 synchronisation), then one cast pass.  Delayed scaling: one cast pass with the given scale
@@ -25,7 +27,7 @@ import triton.language as tl
 from tealite import recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
-                                             _overflow_constants, _te_scale)
+                                             _overflow_constants, _te_scale, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.quantize_block import quantize_block
 from tealite.backends.triton.quantize_mx import quantize_mx
@@ -33,12 +35,25 @@ from tealite.formats import Saturation, get_format
 from tealite.ops.quantize import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_BLOCK = 1024
-_WARPS = 4
 _MAX_ROW = 65536
-# Cast-transpose tile: 64 x 64 with 4 warps is 32 fp32 values per thread on NVIDIA (16 per
-# lane of a 64-wide AMD wavefront); each program writes 64-byte runs of the (K, M) output.
-_TILE_M, _TILE_N, _TILE_WARPS = 64, 64, 4
+# Launch parameters, one dict per kernel, read at every launch (benchmarks/quantize_tiles.py
+# overrides them for a sweep; defaults chosen for an H100, and valid on AMD's 64-wide
+# wavefronts: every block is a multiple of 64 x num_warps elements).
+CONFIGS = {
+    # Pure read: 32 elements per thread (64 bytes of bf16), one partial max per program,
+    # reduced by a second tiny pass (no atomics, no host synchronisation).
+    "amax": dict(BLOCK=8192, num_warps=8),
+    # Flat per-tensor cast: 16 elements per thread, a 16-byte code store.
+    "cast": dict(BLOCK=4096, num_warps=8),
+    # Cast-transpose tile: 128 x 128 with 8 warps is 64 values per thread; both code stores
+    # (rowwise along BN, columnwise along BM, 1 byte each) are 128-byte runs.
+    "cast_transpose": dict(BM=128, BN=128, num_warps=8),
+    # Per-row scaling, a row in registers: warps = block / (32 * elems_per_thread), within
+    # [4, max_warps] (a 8192-wide row: 16 warps, 16 values per thread).
+    "row": dict(elems_per_thread=16, max_warps=16),
+    # Per-row scaling's two tiled passes (row/column amax, cast-transpose): one shared tile.
+    "per_row_tiles": dict(BM=128, BN=128, num_warps=8),
+}
 
 
 @triton.jit
@@ -52,8 +67,13 @@ def _mag_max(x):
 def _partial_amax_kernel(x_ptr, out_ptr, n, X_BF16: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = load_f32(x_ptr, offs, offs < n, X_BF16)
-    tl.store(out_ptr + pid, _mag_max(x))
+    if X_BF16:
+        # The magnitude bits of a bf16 are its int16 bits without the sign: no widening to
+        # fp32 before the reduction (the max commutes with the exact bf16 -> fp32 shift).
+        bits = tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.int32) & 0x7FFF
+        tl.store(out_ptr + pid, (tl.max(bits, axis=0) << 16).to(tl.float32, bitcast=True))
+    else:
+        tl.store(out_ptr + pid, _mag_max(load_f32(x_ptr, offs, offs < n, X_BF16)))
 
 
 @triton.jit
@@ -72,7 +92,7 @@ def _quantize_tensor_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, sinv_ptr, pamax_p
                             BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                             SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr,
                             OVF_TIE: tl.constexpr, OVF_CODE: tl.constexpr,
-                            X_BF16: tl.constexpr, BLOCK: tl.constexpr):
+                            X_BF16: tl.constexpr, HW_FP8: tl.constexpr, BLOCK: tl.constexpr):
     """Rowwise per-tensor cast of the flat x; with GIVEN (delayed scaling) each program also
     writes the max |x| of its block (NaN-propagating) for the reported amax."""
     pid = tl.program_id(0)
@@ -85,7 +105,7 @@ def _quantize_tensor_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, sinv_ptr, pamax_p
     if GIVEN:
         tl.store(pamax_ptr + pid, _mag_max(x))
     code = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
-                      OVF_THRESH, OVF_TIE, OVF_CODE)
+                      OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
     tl.store(q_ptr + offs, code, mask=mask)
 
 
@@ -99,7 +119,7 @@ def _cast_transpose_tensor_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_ptr, sin
                                   NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                                   OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                                   OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
-                                  BM: tl.constexpr, BN: tl.constexpr):
+                                  HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Per-tensor cast of one (BM, BN) tile, written columnwise (K, M) and, with ROW, also
     rowwise (M, K): one read of x for both.  ``tiles_n`` = max(1, cdiv(K, BN)): an empty x
     still runs one program, which writes scale_inv."""
@@ -123,7 +143,7 @@ def _cast_transpose_tensor_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_ptr, sin
         tl.store(pamax_ptr + pid, tl.max(tl.max(mag, axis=1), axis=0).to(tl.float32,
                                                                            bitcast=True))
     codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
-                       OVF_THRESH, OVF_TIE, OVF_CODE)
+                       OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
     if ROW:
         tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], codes,
                  mask=rmask[:, None] & cmask[None, :])
@@ -137,7 +157,7 @@ def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, amax_ptr, K, fmax, eps, POW2: t
                          BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                          SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr,
                          OVF_TIE: tl.constexpr, OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         HW_FP8: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < K
@@ -147,7 +167,7 @@ def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, amax_ptr, K, fmax, eps, POW2: t
     tl.store(amax_ptr + row, amax)
     tl.store(sinv_ptr + row, tl.math.div_rn(1.0, scale))
     code = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
-                      OVF_THRESH, OVF_TIE, OVF_CODE)
+                      OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
     tl.store(q_ptr + row * K + cols, code, mask=mask)
 
 
@@ -182,7 +202,7 @@ def _cast_transpose_rowcol_kernel(x_ptr, q_ptr, qt_ptr, ramax_ptr, camax_ptr, si
                                   NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                                   OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                                   OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
-                                  BM: tl.constexpr, BN: tl.constexpr):
+                                  HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Per-row current scaling of one tile: rowwise with the scales of x's rows, columnwise
     (rows of x.T) with the scales of x's columns, from the row / column amaxes of the first
     pass.  Programs of the first tile column (row) write the rowwise (columnwise) scale_inv."""
@@ -201,7 +221,7 @@ def _cast_transpose_rowcol_kernel(x_ptr, q_ptr, qt_ptr, ramax_ptr, camax_ptr, si
         if pid_n == 0:
             tl.store(sinv_ptr + rows, tl.math.div_rn(1.0, scale), mask=rmask)
         codes = _encode_fp8_sat(x * scale[:, None], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
-                                NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+                                NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
         tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], codes,
                  mask=rmask[:, None] & cmask[None, :])
     if COL:
@@ -209,7 +229,7 @@ def _cast_transpose_rowcol_kernel(x_ptr, q_ptr, qt_ptr, ramax_ptr, camax_ptr, si
         if pid_m == 0:
             tl.store(sinvt_ptr + cols, tl.math.div_rn(1.0, scale), mask=cmask)
         codes = _encode_fp8_sat(x * scale[None, :], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
-                                NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+                                NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
         tl.store(qt_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :], tl.trans(codes),
                  mask=cmask[:, None] & rmask[None, :])
 
@@ -218,11 +238,11 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return torch.zeros(1, dtype=torch.float32, device=x.device)
-    grid = triton.cdiv(n, _BLOCK)
+    cfg = CONFIGS["amax"]
+    grid = triton.cdiv(n, cfg["BLOCK"])
     partial = torch.empty(grid, dtype=torch.float32, device=x.device)
     _partial_amax_kernel[(grid,)](as_kernel_arg(x.contiguous().reshape(-1)), partial, n,
-                                  X_BF16=x.dtype == torch.bfloat16, BLOCK=_BLOCK,
-                                  num_warps=_WARPS)
+                                  X_BF16=x.dtype == torch.bfloat16, **cfg)
     return partial.amax().reshape(1)  # NaN-propagating, and no host synchronisation
 
 
@@ -230,7 +250,12 @@ def _consts(x: torch.Tensor, recipe) -> dict:
     fmt = get_format(recipe.fmt)
     return dict(_fmt_constants(fmt), **_overflow_constants(fmt),
                 SATURATE=recipe.saturation is Saturation.SATURATE,
-                X_BF16=x.dtype == torch.bfloat16)
+                X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device))
+
+
+def _row_warps(block: int) -> int:
+    cfg = CONFIGS["row"]
+    return min(cfg["max_warps"], max(4, block // (32 * cfg["elems_per_thread"])))
 
 
 def _per_row(x: torch.Tensor, recipe):
@@ -245,7 +270,7 @@ def _per_row(x: torch.Tensor, recipe):
         block = max(1, triton.next_power_of_2(k))
         _quantize_row_kernel[(m,)](as_kernel_arg(x), codes, sinv, row_amax, k, fmt.max,
                                    recipe.amax_epsilon, POW2=recipe.force_pow2_scales,
-                                   BLOCK=block, num_warps=min(16, max(4, block // 256)),
+                                   BLOCK=block, num_warps=_row_warps(block),
                                    **_consts(x, recipe))
     return codes.view(fmt.torch_dtype), sinv, row_amax
 
@@ -266,22 +291,24 @@ def _per_tensor(x: torch.Tensor, recipe, scale, rowwise: bool, columnwise: bool)
     qt = sinvt = None
     xk = as_kernel_arg(x)
     if columnwise:
+        cfg = CONFIGS["cast_transpose"]
         qt = torch.empty((k, m), dtype=torch.uint8, device=dev)
         sinvt = torch.empty(1, dtype=torch.float32, device=dev)
-        tiles_n = max(1, triton.cdiv(k, _TILE_N))
-        grid = max(1, triton.cdiv(m, _TILE_M) * triton.cdiv(k, _TILE_N))
+        tiles_n = max(1, triton.cdiv(k, cfg["BN"]))
+        grid = max(1, triton.cdiv(m, cfg["BM"]) * triton.cdiv(k, cfg["BN"]))
         pamax = torch.empty(grid, dtype=torch.float32, device=dev)
         _cast_transpose_tensor_kernel[(grid,)](
             xk, q if rowwise else qt, qt, scale if given else sinv, amax if amax is not None
             else sinv, sinv, sinvt, pamax, m, k, tiles_n, fmt.max, eps, ROW=rowwise, GIVEN=given,
-            POW2=pow2, BM=_TILE_M, BN=_TILE_N, num_warps=_TILE_WARPS, **_consts(x, recipe))
+            POW2=pow2, **cfg, **_consts(x, recipe))
     else:
-        grid = max(1, triton.cdiv(x.numel(), _BLOCK))
+        cfg = CONFIGS["cast"]
+        grid = max(1, triton.cdiv(x.numel(), cfg["BLOCK"]))
         pamax = torch.empty(grid, dtype=torch.float32, device=dev)
         _quantize_tensor_kernel[(grid,)](
             xk.reshape(-1), q.reshape(-1), scale if given else sinv,
             amax if amax is not None else sinv, sinv, pamax, x.numel(), fmt.max, eps,
-            GIVEN=given, POW2=pow2, BLOCK=_BLOCK, num_warps=_WARPS, **_consts(x, recipe))
+            GIVEN=given, POW2=pow2, **cfg, **_consts(x, recipe))
     if given:
         # The partial maxima of the cast pass (an empty x leaves one 0 partial: amax 0).
         amax = pamax.amax().reshape(1)
@@ -297,13 +324,13 @@ def _per_row_tiles(x: torch.Tensor, recipe, rowwise: bool, columnwise: bool):
     x = x.contiguous()
     m, k = x.shape
     dev = x.device
-    tiles_m, tiles_n = triton.cdiv(m, _TILE_M), triton.cdiv(k, _TILE_N)
+    cfg = CONFIGS["per_row_tiles"]
+    tiles_m, tiles_n = triton.cdiv(m, cfg["BM"]), triton.cdiv(k, cfg["BN"])
     rpart = torch.empty((tiles_n, m), dtype=torch.float32, device=dev)
     cpart = torch.empty((tiles_m, k), dtype=torch.float32, device=dev)
     xk = as_kernel_arg(x)
     grid = (tiles_m * tiles_n,)
-    _rowcol_amax_kernel[grid](xk, rpart, cpart, m, k, X_BF16=x.dtype == torch.bfloat16,
-                              BM=_TILE_M, BN=_TILE_N, num_warps=_TILE_WARPS)
+    _rowcol_amax_kernel[grid](xk, rpart, cpart, m, k, X_BF16=x.dtype == torch.bfloat16, **cfg)
     row_amax, col_amax = rpart.amax(0), cpart.amax(0)  # NaN-propagating, on the device
     q = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
     sinv = torch.empty(m, dtype=torch.float32, device=dev) if rowwise else None
@@ -315,7 +342,7 @@ def _per_row_tiles(x: torch.Tensor, recipe, rowwise: bool, columnwise: bool):
         xk, dummy_q if q is None else q, dummy_q if qt is None else qt, row_amax, col_amax,
         dummy_s if sinv is None else sinv, dummy_s if sinvt is None else sinvt, m, k, fmt.max,
         recipe.amax_epsilon, ROW=rowwise, COL=columnwise, POW2=recipe.force_pow2_scales,
-        BM=_TILE_M, BN=_TILE_N, num_warps=_TILE_WARPS, **_consts(x, recipe))
+        **cfg, **_consts(x, recipe))
     view = lambda t: None if t is None else t.view(fmt.torch_dtype)  # noqa: E731
     return view(q), sinv, view(qt), sinvt, row_amax
 

@@ -22,16 +22,19 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
-                                             _overflow_constants, _te_scale)
+                                             _overflow_constants, _te_scale, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.formats import Saturation, get_format
 
 BLOCK = 128
-# (BM, BN, num_warps) by (block rows, rowwise, columnwise).  A 128 x 128 tile with 8 warps is
-# 64 fp32 values per thread on NVIDIA (32 per lane on AMD's 64-wide wavefronts).
+# (BM, BN, num_warps) by (block rows, rowwise, columnwise), read at every launch
+# (benchmarks/quantize_tiles.py overrides them for a sweep).  A 128 x 128 tile with 8 warps is
+# 64 fp32 values per thread on NVIDIA (32 per lane on AMD's 64-wide wavefronts); 1x128 needs
+# BN == 128 rowwise and BM == 128 columnwise.  Columnwise codes are stored along BM: 128 keeps
+# each run of the (K, M) output 128 bytes.
 _TILES = {
-    (1, True, False): (32, 128, 4),
-    (1, False, True): (128, 64, 8),
+    (1, True, False): (64, 128, 8),
+    (1, False, True): (128, 128, 8),
     (1, True, True): (128, 128, 8),
     (128, True, False): (128, 128, 8),
     (128, False, True): (128, 128, 8),
@@ -53,8 +56,8 @@ def _block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_s
                        EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
                        NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                        OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
-                       OVF_CODE: tl.constexpr, X_BF16: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr):
+                       OVF_CODE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(K, BN)
     pid_m = pid // tiles_n
@@ -72,7 +75,7 @@ def _block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_s
         # One 128x128 block: the same scale and codes both ways.
         scale = _te_scale(_mag_max(_mag_max(x, 1), 0), fmax, eps, POW2)
         codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
-                           SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+                           SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
         sinv = tl.math.div_rn(1.0, scale)
         if ROW:
             tl.store(q_ptr + row_offs, codes, mask=mask)
@@ -84,14 +87,14 @@ def _block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_s
         if ROW:  # BN == 128: one block per row of the tile
             scale = _te_scale(_mag_max(x, 1), fmax, eps, POW2)  # (BM,)
             codes = _encode_fp8_sat(x * scale[:, None], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
-                               NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+                               NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
             tl.store(q_ptr + row_offs, codes, mask=mask)
             tl.store(s_ptr + rows.to(tl.int64) * s_stride + pid_n,
                      tl.math.div_rn(1.0, scale), mask=rmask)
         if COL:  # BM == 128: one block per column of the tile
             scale = _te_scale(_mag_max(x, 0), fmax, eps, POW2)  # (BN,)
             codes = _encode_fp8_sat(x * scale[None, :], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
-                               NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE)
+                               NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
             tl.store(qt_ptr + col_offs, tl.trans(codes), mask=tmask)
             tl.store(st_ptr + cols.to(tl.int64) * st_stride + pid_m,
                      tl.math.div_rn(1.0, scale), mask=cmask)
@@ -130,6 +133,7 @@ def quantize_block(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
             s.shape[1] if rowwise else 0, st.shape[1] if columnwise else 0, fmt.max,
             recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=block[0] == BLOCK,
             POW2=recipe.force_pow2_scales, SATURATE=recipe.saturation is Saturation.SATURATE,
-            X_BF16=x.dtype == torch.bfloat16, BM=bm, BN=bn, num_warps=warps, **consts)
+            X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device), BM=bm, BN=bn,
+            num_warps=warps, **consts)
     view = lambda t: None if t is None else t.view(fmt.torch_dtype)  # noqa: E731
     return view(q), s, view(qt), st

@@ -15,9 +15,11 @@ sort above Inf), so a block with NaN or Inf gets scale byte 255.  Scale, divisio
 scale and element rounding are the shared codecs (``_codecs``), the same bits as the
 reference on every target.
 
-Tiles (``_TILES``) are chosen for an H100/H200 and for AMD (64-wide wavefronts): 64 x 64
-elements with 4 warps is 32 fp32 values per thread (16 per lane of a wavefront pair); the
-rowwise-only tile is wide along K so each row segment read is 128 x 2 bytes.
+Tiles (``_TILES``) are chosen for an H100/H200 and for AMD (64-wide wavefronts): the
+cast-transpose tile 128 x 64 with 8 warps is 32 fp32 values per thread and stores 128-byte
+runs of the (K, M) codes; the rowwise-only tile is wide along K so each row segment read is
+128 x 2 bytes.  benchmarks/quantize_tiles.py sweeps them.  OCP FP8 RNE codes use the hardware
+conversion where ``_codecs.hw_fp8`` allows it (same bits); E2M1 codes a comparison ladder.
 """
 from __future__ import annotations
 
@@ -26,13 +28,17 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp8_rounded,
-                                             _fmt_constants, _mx_descale, _mx_scale_constants)
+                                             _fmt_constants, _mx_descale, _mx_scale_constants,
+                                             hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.formats import ElementRounding, get_format
 
 MX_BLOCK = 32
-# (BM, BN, num_warps) per direction set; BM and BN must be multiples of 32.
-_TILES = {(True, False): (32, 128, 4), (False, True): (64, 64, 4), (True, True): (64, 64, 4)}
+# (BM, BN, num_warps) per direction set (rowwise, columnwise), read at every launch
+# (benchmarks/quantize_tiles.py overrides them for a sweep); BM and BN must be multiples of 32.
+# Columnwise codes are stored along BM: 128 makes each run of the (K, M) output 128 bytes
+# (FP8; 64 packed e2m1 bytes).
+_TILES = {(True, False): (32, 128, 4), (False, True): (128, 64, 8), (True, True): (128, 64, 8)}
 
 
 @triton.jit
@@ -46,14 +52,14 @@ def _block_amax(xb, AXIS: tl.constexpr):
 @triton.jit
 def _mx_encode(y, FP4: tl.constexpr, TIES_AWAY: tl.constexpr, FMAX: tl.constexpr,
                MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
-               NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr):
+               NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr, HW_FP8: tl.constexpr):
     """uint8 element codes of descaled values (E2M1 nibbles or FP8 bytes); one byte per
     code keeps the shared-memory transpose of the cast-transpose small."""
     if FP4:
         return _encode_fp4(y, TIES_AWAY).to(tl.uint8)
     else:
         return _encode_fp8_rounded(y, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
-                                   TIES_AWAY)
+                                   TIES_AWAY, HW_FP8)
 
 
 @triton.jit
@@ -64,32 +70,33 @@ def _pack_nibbles(codes, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _store_codes(ptr, codes, rows, col0, n_rows, n_cols, FP4: tl.constexpr, R: tl.constexpr,
-                 C: tl.constexpr):
+def _store_codes(ptr, codes, rows, col0, n_rows, n_cols, row_bytes, FP4: tl.constexpr,
+                 R: tl.constexpr, C: tl.constexpr):
     """Store an (R, C) code tile at ``rows`` x [col0, col0 + C) of an (n_rows, n_cols)
-    row-major code matrix (FP8: one byte per code; FP4: ceil(n_cols / 2) bytes per row, C and
-    col0 even)."""
+    row-major code matrix of ``row_bytes`` bytes per row (FP8: n_cols, one byte per code;
+    FP4: ceil(n_cols / 2), C and col0 even).  ``row_bytes`` is a kernel argument, not
+    computed here, so Triton sees its divisibility by 16 and vectorizes the stores."""
     cols = col0 + tl.arange(0, C)
     if FP4:
-        row_bytes = (n_cols + 1) // 2
         bcols = col0 // 2 + tl.arange(0, C // 2)
         offs = rows.to(tl.int64)[:, None] * row_bytes + bcols[None, :]
         mask = (rows < n_rows)[:, None] & (bcols < row_bytes)[None, :]
         tl.store(ptr + offs, _pack_nibbles(codes, R, C), mask=mask)
     else:
-        offs = rows.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        offs = rows.to(tl.int64)[:, None] * row_bytes + cols[None, :]
         mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
         tl.store(ptr + offs, codes, mask=mask)
 
 
 @triton.jit
-def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_stride,
+def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_row_bytes,
+                    s_stride, st_stride,
                     ROW: tl.constexpr, COL: tl.constexpr, FP4: tl.constexpr,
                     TIES_AWAY: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr,
                     MBITS: tl.constexpr, FMAX: tl.constexpr, EMIN: tl.constexpr,
                     BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
-                    SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr):
+                    SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(K, BN)
     pid_m = pid // tiles_n
@@ -103,8 +110,8 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_stri
         byte = _e8m0_scale(_block_amax(xb, 2), MODE, EMAX, MBITS, FMAX)  # (BM, BN // 32)
         y = _mx_descale(xb, byte[:, :, None])
         codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
-                                      NAN_CODE, SUB_SCALE), (BM, BN))
-        _store_codes(q_ptr, codes, rows, pid_n * BN, M, K, FP4, BM, BN)
+                                      NAN_CODE, SUB_SCALE, HW_FP8), (BM, BN))
+        _store_codes(q_ptr, codes, rows, pid_n * BN, M, K, q_row_bytes, FP4, BM, BN)
         kb = pid_n * (BN // 32) + tl.arange(0, BN // 32)
         smask = (rows < M)[:, None] & (kb < tl.cdiv(K, 32))[None, :]
         tl.store(s_ptr + rows.to(tl.int64)[:, None] * s_stride + kb[None, :],
@@ -114,8 +121,9 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_stri
         byte = _e8m0_scale(_block_amax(xb, 1), MODE, EMAX, MBITS, FMAX)  # (BM // 32, BN)
         y = _mx_descale(xb, byte[:, None, :])
         codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
-                                      NAN_CODE, SUB_SCALE), (BM, BN))
-        _store_codes(qt_ptr, tl.trans(codes), cols, pid_m * BM, K, M, FP4, BN, BM)
+                                      NAN_CODE, SUB_SCALE, HW_FP8), (BM, BN))
+        _store_codes(qt_ptr, tl.trans(codes), cols, pid_m * BM, K, M, qt_row_bytes, FP4, BN,
+                     BM)
         mb = pid_m * (BM // 32) + tl.arange(0, BM // 32)
         smask = (cols < K)[:, None] & (mb < tl.cdiv(M, 32))[None, :]
         tl.store(st_ptr + cols.to(tl.int64)[:, None] * st_stride + mb[None, :],
@@ -163,10 +171,11 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
         grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
         _mx_cast_kernel[grid](
             as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s,
-            dummy if qt is None else qt, dummy if st is None else st, m, k, _row_stride(s),
+            dummy if qt is None else qt, dummy if st is None else st, m, k,
+            _row_stride(q), _row_stride(qt), _row_stride(s),
             _row_stride(st), ROW=rowwise, COL=columnwise, FP4=fmt.packed,
-            TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16, BM=bm, BN=bn,
-            num_warps=warps, **consts)
+            TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16,
+            HW_FP8=hw_fp8(x.device), BM=bm, BN=bn, num_warps=warps, **consts)
     if not fmt.packed:
         q = None if q is None else q.view(fmt.torch_dtype)
         qt = None if qt is None else qt.view(fmt.torch_dtype)

@@ -1,0 +1,181 @@
+"""Sweep the launch parameters of the Triton quantize kernels on a CUDA GPU (standalone, no
+pytest): ``python benchmarks/quantize_tiles.py [--m 16384 --k 8192] [--only mxfp4]``.
+
+For each variant (FP8 per-tensor / per-row current scaling, Float8BlockScaling 1x128, MXFP8,
+MXFP4; rowwise and cast-transpose; the amax pass alone) it times a few tile / warps choices
+with ``triton.testing.do_bench`` (median) on a bf16 (M, K) input and prints the effective
+bandwidth as a percentage of a measured device copy moving the same number of bytes
+(``torch`` ``copy_``: read + write of half of them each).  Bytes = x read once + codes + scales
+written.  Each config's outputs are checked bit for bit against the module's default config
+(the first row of each variant, marked ``*``); a config that fails to compile or run, or
+gives other bits, is reported and skipped.  Defaults live in ``quantize.CONFIGS``,
+``quantize_block._TILES`` and ``quantize_mx._TILES``: set them from the fastest correct rows.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+import traceback
+
+import torch
+
+
+def _setup():
+    if not torch.cuda.is_available():
+        sys.exit("quantize_tiles.py needs a CUDA GPU")
+    from tealite.backends.triton import _codecs, quantize as TQ, quantize_block as TQB
+    from tealite.backends.triton import quantize_mx as TQMX
+    return TQ, TQB, TQMX, _codecs
+
+
+@contextlib.contextmanager
+def _override(table, key, value):
+    """Temporarily set ``table[key] = value`` (a launch-parameter entry)."""
+    old = table[key]
+    table[key] = value
+    try:
+        yield
+    finally:
+        table[key] = old
+
+
+def _variants(TQ, TQB, TQMX):
+    """name -> (recipe, rowwise, columnwise, table, key, [configs], bytes(m, k))."""
+    from tealite import recipes as R
+
+    def codes(m, k, dirs, per=1.0):
+        return int(m * k * per) * dirs
+
+    c = TQ.CONFIGS
+    ct = [dict(BM=bm, BN=bn, num_warps=w) for bm, bn, w in
+          [(128, 128, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 64, 8), (128, 128, 16),
+           (64, 128, 8)]]
+    mx_row = [(32, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4), (64, 64, 4), (128, 128, 8)]
+    mx_ct = [(128, 64, 8), (64, 64, 4), (64, 128, 8), (128, 128, 8), (128, 128, 16),
+             (128, 64, 4), (128, 32, 4)]
+    cur = R.Float8CurrentScaling("e4m3")
+    row = R.Float8CurrentScaling("e4m3", granularity="row")
+    blk = R.Float8BlockScaling("e4m3", (1, 128))
+    v = {
+        "amax": (None, True, False, c, "amax",
+                 [dict(BLOCK=b, num_warps=w) for b, w in
+                  [(8192, 8), (1024, 4), (4096, 4), (4096, 8), (16384, 8), (16384, 16)]],
+                 lambda m, k: 2 * m * k + 4),
+        "fp8-tensor-row": (cur, True, False, c, "cast",
+                           [dict(BLOCK=b, num_warps=w) for b, w in
+                            [(4096, 8), (1024, 4), (2048, 4), (4096, 4), (8192, 8), (8192, 16)]],
+                           lambda m, k: 2 * m * k + codes(m, k, 1) + 4),
+        "fp8-tensor-ct": (cur, True, True, c, "cast_transpose", ct,
+                          lambda m, k: 2 * m * k + codes(m, k, 2) + 8),
+        "fp8-row-row": (row, True, False, c, "row",
+                        [dict(elems_per_thread=e, max_warps=w) for e, w in
+                         [(16, 16), (8, 16), (32, 16), (16, 32), (8, 32)]],
+                        lambda m, k: 2 * m * k + codes(m, k, 1) + 8 * m),
+        "fp8-row-ct": (row, True, True, c, "per_row_tiles", ct,
+                       lambda m, k: 2 * m * k + codes(m, k, 2) + 4 * (m + k)),
+        "block1x128-row": (blk, True, False, TQB._TILES, (1, True, False),
+                           [(64, 128, 8), (32, 128, 4), (16, 128, 4), (128, 128, 8),
+                            (64, 128, 4)],
+                           lambda m, k: 2 * m * k + codes(m, k, 1) + 4 * m * k // 128),
+        "block1x128-ct": (blk, True, True, TQB._TILES, (1, True, True),
+                          [(128, 128, 8), (128, 128, 4), (128, 128, 16)],
+                          lambda m, k: 2 * m * k + codes(m, k, 2) + 8 * m * k // 128),
+    }
+    for name, recipe, per in (("mxfp8", R.MXFP8BlockScaling("e4m3"), 1.0),
+                              ("mxfp4", R.MXFP4BlockScaling(), 0.5)):
+        v[f"{name}-row"] = (recipe, True, False, TQMX._TILES, (True, False), mx_row,
+                            lambda m, k, per=per: 2 * m * k + codes(m, k, 1, per) + m * k // 32)
+        v[f"{name}-ct"] = (recipe, True, True, TQMX._TILES, (True, True), mx_ct,
+                           lambda m, k, per=per: 2 * m * k + codes(m, k, 2, per)
+                           + 2 * m * k // 32)
+    return v
+
+
+def _outputs(q):
+    """The bits of every output field of a QuantizedTensor (or the amax tensor)."""
+    if isinstance(q, torch.Tensor):
+        return [q.view(torch.uint8)]
+    return [None if t is None else t.contiguous().view(torch.uint8)
+            for t in (q.data, q.scale_inv, q.columnwise_data, q.columnwise_scale_inv, q.amax)]
+
+
+def _same(a, b) -> bool:
+    return all((x is None and y is None) or (x is not None and y is not None and
+                                             torch.equal(x, y)) for x, y in zip(a, b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--m", type=int, default=16384)
+    ap.add_argument("--k", type=int, default=8192)
+    ap.add_argument("--only", default="", help="run variants whose name contains this")
+    ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # interpreter smoke
+    args = ap.parse_args()
+    TQ, TQB, TQMX, codecs = _setup()
+    import triton.testing as tt
+    import tealite
+
+    t_start = time.time()
+    m, k = args.m, args.k
+    dev = torch.device(args.device)
+    torch.manual_seed(0)
+    x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+    x[0, :64] = torch.tensor([-0.0, 1e-30] * 32)  # signed zero, bf16 subnormal
+    print(f"device {torch.cuda.get_device_name(dev)}, x bf16 {m}x{k}, "
+          f"hw_fp8={codecs.hw_fp8(dev)}")
+    copy_cache = {}
+
+    def copy_ms(nbytes):
+        n = nbytes // 2
+        if n not in copy_cache:
+            src = torch.empty(n, dtype=torch.uint8, device=dev)
+            dst = torch.empty_like(src)
+            copy_cache[n] = tt.do_bench(lambda: dst.copy_(src), rep=args.rep,
+                                        return_mode="median")
+        return copy_cache[n]
+
+    for name, (recipe, rw, cw, table, key, configs, nbytes) in \
+            _variants(TQ, TQB, TQMX).items():
+        if args.only not in name:
+            continue
+        if recipe is None:
+            fn = lambda: tealite.amax(x, backend="triton")  # noqa: E731
+        else:
+            fn = lambda r=recipe, rw=rw, cw=cw: tealite.quantize(  # noqa: E731
+                x, r, rowwise=rw, columnwise=cw, backend="triton")
+        b = nbytes(m, k)
+        cms = copy_ms(b)
+        ref_bits = None
+        default = table[key]
+        if default in configs:
+            configs = [default] + [c for c in configs if c != default]
+        else:
+            configs = [default] + configs
+        for i, cfg in enumerate(configs):
+            tag = "*" if i == 0 else " "
+            try:
+                with _override(table, key, cfg):
+                    bits = _outputs(fn())
+                    torch.cuda.synchronize()
+                    if ref_bits is None:
+                        ref_bits = bits
+                    elif not _same(bits, ref_bits):
+                        print(f"  {name:16s}{tag} {cfg}: OUTPUT BITS DIFFER from the default")
+                        continue
+                    ms = tt.do_bench(fn, rep=args.rep, return_mode="median")
+                print(f"  {name:16s}{tag} {str(cfg):44s} {ms * 1e3:8.1f} us "
+                      f"{b / ms / 1e9:7.0f} GB/s {100 * cms / ms:5.1f}% of copy")
+            except Exception as e:  # a config that does not compile / run: report, go on
+                msg = traceback.format_exception_only(type(e), e)[-1].strip()
+                print(f"  {name:16s}{tag} {cfg}: FAILED {msg[:200]}")
+                if i == 0:
+                    break
+    print(f"copy: {', '.join(f'{2 * n / ms / 1e9:.0f} GB/s' for n, ms in copy_cache.items())}"
+          f"; total {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
