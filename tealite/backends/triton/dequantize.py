@@ -37,15 +37,16 @@ def _decode_code(c, SIGN_BIT: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.conste
     m = mag & ((1 << MBITS) - 1)
     normal = ((e - BIAS + 127) << 23) | (m << (23 - MBITS))
     v = tl.where(e > 0, normal.to(tl.float32, bitcast=True), m.to(tl.float32) * SUB_VALUE)
-    v = tl.where(neg, -v, v)
     if SPECIALS == 1:
         v = tl.where(mag == 0x7F, float("nan"), v)
     elif SPECIALS == 2:
-        v = tl.where(e == 31, tl.where(m == 0, tl.where(neg, -float("inf"), float("inf")),
-                                       float("nan")), v)
+        v = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), v)
     elif SPECIALS == 3:
         v = tl.where(c == 0x80, float("nan"), v)
-    return v
+    # The sign goes in as a bit: Triton lowers ``-v`` to ``0 - v`` on CUDA, which makes the
+    # -0 codes +0 (measured on an H100 with triton 3.6).
+    bits = v.to(tl.int32, bitcast=True) | (neg.to(tl.int32) << 31)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit

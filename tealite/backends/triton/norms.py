@@ -96,12 +96,20 @@ def _norm_fwd_kernel(x_ptr, g_ptr, b_ptr, y_ptr, mean_ptr, rs_ptr, H, H_F, eps,
     mask = cols < H
     x = load_f32(x_ptr, row * H + cols, mask, X_BF16)
     g = effective_weight(load_f32(g_ptr, cols, mask, W_BF16), ZERO_CENTERED)
+    # Written out rather than through norm_row_fwd (the same operations): measured on an H100
+    # (triton 3.6, bf16 16384x8192 LayerNorm) the helper version gave the same bits in 392 us
+    # instead of 230 us.
     if RMS:
-        b = g  # unused
+        ms = tl.math.div_rn(tl.sum(x * x, axis=0), H_F)
+        rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
+        y = x * rs * g
     else:
+        mean = tl.math.div_rn(tl.sum(x, axis=0), H_F)
+        xc = tl.where(mask, x - mean, 0.0)
+        var = tl.math.div_rn(tl.sum(xc * xc, axis=0), H_F)
+        rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
         b = load_f32(b_ptr, cols, mask, W_BF16)
-    y, mean, rs = norm_row_fwd(x, g, b, mask, H_F, eps, RMS)
-    if not RMS:
+        y = xc * rs * g + b
         tl.store(mean_ptr + row, mean)
     tl.store(rs_ptr + row, rs)
     store_f32(y_ptr, row * H + cols, y, mask, X_BF16)
