@@ -8,7 +8,9 @@ bandwidth as a percentage of a measured device copy moving the same number of by
 (``torch`` ``copy_``: read + write of half of them each).  Bytes = x read once + codes + scales
 written.  Each config's outputs are checked bit for bit against the module's default config
 (the first row of each variant, marked ``*``); a config that fails to compile or run, or
-gives other bits, is reported and skipped.  Defaults live in ``quantize.CONFIGS``,
+gives other bits, is reported and skipped.  Cast-transpose variants also sweep GROUP_M, the
+tile order (``_codecs._tile_ids``: a 4th tuple entry or a ``GROUP_M`` key).
+Defaults live in ``quantize.CONFIGS``,
 ``quantize_block._TILES`` and ``quantize_mx._TILES``: set them from the fastest correct rows.
 """
 from __future__ import annotations
@@ -49,12 +51,17 @@ def _variants(TQ, TQB, TQMX):
         return int(m * k * per) * dirs
 
     c = TQ.CONFIGS
-    ct = [dict(BM=bm, BN=bn, num_warps=w) for bm, bn, w in
+    ct = [dict(BM=bm, BN=bn, num_warps=w, GROUP_M=1) for bm, bn, w in
           [(128, 128, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 64, 8), (128, 128, 16),
            (64, 128, 8)]]
+    # Tile order (GROUP_M tile rows per group, _codecs._tile_ids) on the best tiles.
+    ct += [dict(BM=bm, BN=bn, num_warps=w, GROUP_M=g) for bm, bn, w in
+           [(64, 128, 4), (128, 64, 4)] for g in (4, 16, 64)]
     mx_row = [(32, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4), (64, 64, 4), (128, 128, 8)]
     mx_ct = [(128, 64, 8), (64, 64, 4), (64, 128, 8), (128, 128, 8), (128, 128, 16),
              (128, 64, 4), (128, 32, 4)]
+    # A 4th entry is GROUP_M (tile order); only the cast-transpose sweeps it.
+    mx_ct += [(bm, bn, w, g) for bm, bn, w in [(64, 64, 4), (128, 32, 4)] for g in (4, 16, 64)]
     cur = R.Float8CurrentScaling("e4m3")
     row = R.Float8CurrentScaling("e4m3", granularity="row")
     blk = R.Float8BlockScaling("e4m3", (1, 128))
@@ -80,7 +87,8 @@ def _variants(TQ, TQB, TQMX):
                             (64, 128, 4)],
                            lambda m, k: 2 * m * k + codes(m, k, 1) + 4 * m * k // 128),
         "block1x128-ct": (blk, True, True, TQB._TILES, (1, True, True),
-                          [(128, 128, 8), (128, 128, 4), (128, 128, 16)],
+                          [(128, 128, 8), (128, 128, 4), (128, 128, 16), (128, 128, 4, 4),
+                           (128, 128, 4, 16), (128, 128, 4, 64)],
                           lambda m, k: 2 * m * k + codes(m, k, 2) + 8 * m * k // 128),
     }
     for name, recipe, per in (("mxfp8", R.MXFP8BlockScaling("e4m3"), 1.0),

@@ -156,13 +156,14 @@ def test_declared_numerics():
 
 # ---- seeded bugs --------------------------------------------------------------------------------
 
-_JIT_FUNCS = ("grouped_pid", "gelu_erf_f32", "epilogue_store", "_gemm_kernel")
+_JIT_FUNCS = ("grouped_pid", "gelu_erf_f32", "epilogue_store", "_gemm_kernel", "_tma_tile",
+              "_gemm_tma_kernel")
 _HEADER = ("import triton\nimport triton.language as tl\n"
            "from tealite.backends.triton._io import load_f32, store_f32\n\n\n")
 _counter = itertools.count()
 
 
-def _mutant_kernel(tmp_path, edits):
+def _mutant_kernel(tmp_path, edits, kernel="_gemm_kernel"):
     """The kernel with ``edits`` [(jit function, old text, new text)] applied, from a file (the
     jit needs real source).  Each old text must occur exactly once, so a refactored kernel
     breaks this test loudly instead of silently testing nothing."""
@@ -176,7 +177,7 @@ def _mutant_kernel(tmp_path, edits):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module._gemm_kernel
+    return getattr(module, kernel)
 
 
 def _seeded_backend(make_backend, monkeypatch, **patches):
@@ -287,3 +288,73 @@ def test_wrong_stride_for_one_layout_is_caught_on_non_square_shapes(make_backend
     _check(make_case("NT", "bfloat16", 40, N, 40), backends=("torch", name))
     for layout in ("TN", "NN", "TT"):
         _check(make_case(layout, "bfloat16", M, N, K), backends=("torch", name))
+
+
+# ---- the TMA variant (opt-in per config; the interpreter emulates TMA descriptors) --------------
+
+# Interpreter-sized TMA configs: one program per tile, and a persistent grid (4 programs in the
+# interpreter) with the skewed K walk.  16-byte aligned strides need M, N, K multiples of 8.
+_TMA_CONFIGS = {"tma": tg.GemmConfig(16, 32, 32, 2, 4, 1, tma=True),
+                "persistent-skew": tg.GemmConfig(16, 32, 32, 2, 4, 1, tma=True, persistent=True,
+                                                 skew_k=True)} if TRITON.unavailable_reason() \
+    is None else {}
+TMA_M, TMA_N, TMA_K = 40, 48, 72  # 3 x 2 tiles with M and N tails, 3 K blocks with a K tail
+
+
+def _tma_backend(make_backend, monkeypatch, cfg, launches, **patches):
+    real = patches.pop("_launch_tma", tg._launch_tma)
+
+    def counted(*args):
+        launches.append(args[0].name())
+        return real(*args)
+    return _seeded_backend(make_backend, monkeypatch, pick_config=lambda *args: cfg,
+                           _launch_tma=counted, **patches)
+
+
+@pytest.mark.parametrize("variant", sorted(_TMA_CONFIGS))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tma_variant_every_layout(variant, layout, make_backend, monkeypatch):
+    if not INTERPRET and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    launches = []
+    name = _tma_backend(make_backend, monkeypatch, _TMA_CONFIGS[variant], launches)
+    _check(make_case(layout, "bfloat16", TMA_M, TMA_N, TMA_K, bias=True, gelu=True, beta=-0.5,
+                     out_dtype="float32"), backends=("torch", name))
+    _check(make_case(layout, "float16", TMA_M, TMA_N, TMA_K), backends=("torch", name))
+    assert len(launches) == 2, launches  # both ran the TMA kernel, not the fallback
+
+
+def test_tma_falls_back_for_unaligned_strides(make_backend, monkeypatch):
+    """K = 71 gives 142-byte rows, which TMA cannot describe: the pointer kernel runs."""
+    launches = []
+    name = _tma_backend(make_backend, monkeypatch, _TMA_CONFIGS["tma"], launches)
+    _check(make_case("TN", "bfloat16", M, N, K), backends=("torch", name))
+    assert launches == []
+
+
+SEEDED_TMA = {
+    # The skewed K walk without the wrap: tiles with a nonzero rotation read zeros past K and
+    # never visit their first K blocks.
+    "skew-without-wrap": ("persistent-skew",
+                          [("_tma_tile", "((kb + rot) % k_blocks if", "((kb + rot) if")],
+                          make_case("TN", "bfloat16", TMA_M, TMA_N, TMA_K)),
+    # The M-contiguous X tile addressed (M, K) instead of (K, M).
+    "x-coordinates-swapped": ("tma",
+                              [("_tma_tile", "x_desc.load([off_k, off_m])",
+                                "x_desc.load([off_m, off_k])")],
+                              make_case("TT", "float16", TMA_M, TMA_N, TMA_K)),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(SEEDED_TMA))
+def test_seeded_tma_bug_is_caught(bug, tmp_path, make_backend, monkeypatch):
+    if not INTERPRET and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    variant, edits, case = SEEDED_TMA[bug]
+    launches = []
+    good = _tma_backend(make_backend, monkeypatch, _TMA_CONFIGS[variant], launches)
+    _check(case, backends=("torch", good))  # the unchanged TMA kernel passes this very case
+    bad = _tma_backend(make_backend, monkeypatch, _TMA_CONFIGS[variant], launches,
+                       _gemm_tma_kernel=_mutant_kernel(tmp_path, edits, "_gemm_tma_kernel"))
+    _assert_caught(case, bad)
+    assert len(launches) == 2, launches

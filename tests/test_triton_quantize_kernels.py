@@ -533,3 +533,68 @@ def test_quant_roundtrip_smoke_cases_pass():
         report = run_case(spec, case, backends=["triton", "torch"], device=DEV)
         assert report.verdict == "pass" and report.outcomes["triton"].status == "ok", \
             report.describe()
+
+
+# ---- tile order of the cast-transpose launches (_codecs._tile_ids) ------------------------------
+
+@triton.jit
+def _tile_ids_kernel(o_ptr, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_m, pid_n = C._tile_ids(pid, tiles_m, tiles_n, GROUP_M)
+    tl.store(o_ptr + 2 * pid, pid_m)
+    tl.store(o_ptr + 2 * pid + 1, pid_n)
+
+
+def _grouped_order(tiles_m: int, tiles_n: int, group: int) -> list[tuple[int, int]]:
+    """Python model of the grouped order: groups of `group` tile rows, column by column."""
+    order = []
+    for first in range(0, max(tiles_m, 1), group):
+        rows = max(1, min(tiles_m - first, group))
+        order += [(first + r, c) for c in range(tiles_n) for r in range(rows)]
+    return order
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n,group", [(5, 3, 1), (5, 3, 2), (5, 3, 4), (7, 2, 16),
+                                                   (4, 4, 4), (1, 1, 8), (0, 1, 4)])
+def test_tile_ids_visit_every_tile_once_in_grouped_order(tiles_m, tiles_n, group):
+    grid = max(1, tiles_m) * tiles_n
+    out = torch.full((grid, 2), -1, dtype=torch.int32, device=DEV)
+    _tile_ids_kernel[(grid,)](out, tiles_m, tiles_n, GROUP_M=group)
+    got = [tuple(p) for p in out.cpu().tolist()]
+    assert got == _grouped_order(tiles_m, tiles_n, group)
+    assert sorted(got) == [(m, n) for m in range(max(1, tiles_m)) for n in range(tiles_n)]
+
+
+_ORDER_CASES = {
+    # name: (recipe, shape, patched table, key, tile without / with grouping)
+    "delayed": (R.DelayedScaling("e4m3"), (157, 97), TQ.CONFIGS, "cast_transpose",
+                dict(BM=32, BN=32, num_warps=4, GROUP_M=1)),
+    "current": (R.Float8CurrentScaling("e5m2"), (157, 97), TQ.CONFIGS, "cast_transpose",
+                dict(BM=32, BN=32, num_warps=4, GROUP_M=1)),
+    "per-row": (R.Float8CurrentScaling("e4m3", granularity="row"), (157, 97), TQ.CONFIGS,
+                "per_row_tiles", dict(BM=32, BN=32, num_warps=4, GROUP_M=1)),
+    "block1x128": (R.Float8BlockScaling("e4m3", (1, 128)), (389, 130), TQB._TILES,
+                   (1, True, True), (128, 128, 4)),
+    "mxfp8": (R.MXFP8BlockScaling("e4m3"), (160, 96), TQMX._TILES, (True, True), (32, 32, 4)),
+    "mxfp4": (R.MXFP4BlockScaling(), (160, 96), TQMX._TILES, (True, True), (32, 32, 4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ORDER_CASES))
+def test_grouped_tile_order_gives_the_same_bits(name, monkeypatch):
+    """GROUP_M = 3 (a partial last group) writes every output bit as row-major order."""
+    import tealite
+    recipe, shape, table, key, tile = _ORDER_CASES[name]
+    grouped = dict(tile, GROUP_M=3) if isinstance(tile, dict) else (*tile, 3)
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=DEV).to(torch.bfloat16)
+    scale = torch.full((1,), 3.0, device=DEV) if isinstance(recipe, R.DelayedScaling) else None
+    outs = []
+    for cfg in (grouped, tile):
+        monkeypatch.setitem(table, key, cfg)
+        q = tealite.quantize(x, recipe, rowwise=True, columnwise=True, scale=scale,
+                             backend="triton")
+        outs.append([None if t is None else t.contiguous().view(torch.uint8).clone() for t in
+                     (q.data, q.scale_inv, q.columnwise_data, q.columnwise_scale_inv, q.amax)])
+    for a, b in zip(*outs):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))

@@ -17,6 +17,8 @@ Kernels in this package import from here.  Stable API (other kernels call these)
   (``_encode_fp8_hw``), which gives the same bits (tested exhaustively near every code
   boundary on the GPU) with ~5 instructions per element instead of ~30.
 * ``_encode_fp4(v, TIES_AWAY)`` -> int32 E2M1 codes (low 4 bits), saturating.
+* ``_tile_ids(pid, tiles_m, tiles_n, GROUP_M)`` -> (pid_m, pid_n) of a tiled 2-D launch,
+  row-major (GROUP_M 1) or grouped by GROUP_M tile rows (cast-transpose DRAM locality).
 * ``_te_scale(amax, fmax, eps, POW2)`` -> TE's fp32 scale from an amax.
 * ``_e8m0_scale(amax, **_mx_scale_constants(fmt_name, mode))`` -> int32 biased E8M0 byte.
 * ``_mx_descale(x, byte)`` -> fp32 x / 2^(byte-127) rounded as the reference (0 for NaN scale).
@@ -199,6 +201,32 @@ def _encode_fp4(v, TIES_AWAY: tl.constexpr):
                 + (a > 5.0).to(tl.int32))
     sign = (v.to(tl.int32, bitcast=True) >> 28) & 8  # arithmetic shift: bit 31 -> bit 3
     return code | tl.where(v != v, sign ^ 8, sign)
+
+
+# ---- tile order ------------------------------------------------------------------------------
+
+@triton.jit
+def _tile_ids(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of program ``pid`` over a (tiles_m, tiles_n) tile grid.
+
+    GROUP_M == 1: row-major (pid_m = pid // tiles_n).  GROUP_M > 1: the programs run in
+    groups of GROUP_M tile rows, column by column inside a group (Triton's grouped matmul
+    order).  A cast-transpose writes its columnwise output (K, M) in runs of BM bytes per
+    row of x.T; with row-major order the programs resident at one time share one tile row,
+    so those runs are BM bytes at a stride of M bytes (a new DRAM page for each).  Grouping
+    makes the resident programs write GROUP_M * BM contiguous bytes of each x.T row while
+    still reading runs of x rows.  Only the order changes, never a tile's work or bits.
+    ``tiles_m`` may be 0 (an empty x still runs one program: it gets tile (0, 0))."""
+    if GROUP_M == 1:
+        pid_m = pid // tiles_n
+        pid_n = pid % tiles_n
+    else:
+        per_group = GROUP_M * tiles_n
+        first_m = (pid // per_group) * GROUP_M
+        group_rows = tl.maximum(tl.minimum(tiles_m - first_m, GROUP_M), 1)
+        pid_m = first_m + (pid % per_group) % group_rows
+        pid_n = (pid % per_group) // group_rows
+    return pid_m, pid_n
 
 
 # ---- MX (E8M0 block scales) ------------------------------------------------------------------

@@ -30,7 +30,16 @@ K % BLOCK_K == 0 (EVEN_K), rows/columns past the edge wrapped instead of masked.
 per vendor, dtype and size class in ``_CUDA`` / ``_HIP`` (fixed, deterministic choices: one
 summation order per shape; the interpreter uses one small config).  On a GPU,
 ``TEALITE_TRITON_GEMM_AUTOTUNE=1`` lets triton.autotune pick among ``CANDIDATES`` instead;
-benchmarks/gemm_configs.py times them.  No TMA, no warp specialization: portable to ROCm.
+benchmarks/gemm_configs.py times them.  Portable to ROCm: no TMA, no warp specialization.
+
+Opt-in TMA variant (issue 4), ``GemmConfig(tma=True, ...)``: ``_gemm_tma_kernel`` loads the
+operand tiles through host-side TMA descriptors over the operands' storage (out-of-bounds
+reads give zeros, so no tail masks), optionally with a persistent grid, tl.range flattening /
+warp specialization and a per-tile skewed K walk.  Same numerics (exact products, fp32
+accumulation over all of K, same epilogue).  Used only where ``_tma_usable`` holds (NVIDIA
+sm_90+, 16-bit operands, 16-byte aligned bases and row strides, K > 0), else the same blocks
+run in ``_gemm_kernel``; the interpreter emulates the descriptors, so CI tests it.  No table
+entry uses it until benchmarks/gemm_configs.py has measured it on an H100.
 """
 from __future__ import annotations
 
@@ -172,6 +181,79 @@ def _gemm_kernel(x_ptr, y_ptr, d_ptr, pre_ptr, bias_ptr, M, N, K, stride_x, stri
                    HAS_BETA, HAS_BIAS, GELU, OUT_BF16, BIAS_BF16)
 
 
+# ---- TMA variant (opt-in per config, NVIDIA sm_90+ only) ------------------------------------
+
+@triton.jit
+def _tma_tile(x_desc, y_desc, d_ptr, pre_ptr, bias_ptr, tile, M, N, K, stride_dm, alpha, beta,
+              X_K_CONTIG: tl.constexpr, Y_K_CONTIG: tl.constexpr, BF16_BITS: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, I64: tl.constexpr, SKEW_K: tl.constexpr,
+              HAS_BETA: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr,
+              OUT_BF16: tl.constexpr, BIAS_BF16: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              GROUP_M: tl.constexpr):
+    """One (BLOCK_M, BLOCK_N) output tile from TMA loads.  TMA fills out-of-bounds elements
+    with zeros, so M/N/K tails need no masks (zero products are exact)."""
+    pid_m, pid_n = grouped_pid(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    # SKEW_K: tiles start their K walk at different blocks, so the programs in flight do not
+    # all read the same K offset of power-of-two-strided rows at once (DRAM/L2 partition
+    # camping, a hypothesis for the slow K-contiguous Y).  Still one fixed summation order
+    # per tile and fp32 accumulation over all of K.
+    rot = (pid_m + pid_n) % k_blocks if SKEW_K else 0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, k_blocks):
+        off_k = ((kb + rot) % k_blocks if SKEW_K else kb) * BLOCK_K
+        if X_K_CONTIG:
+            x = x_desc.load([off_m, off_k])
+        else:
+            x = tl.trans(x_desc.load([off_k, off_m]))
+        if Y_K_CONTIG:
+            y = tl.trans(y_desc.load([off_n, off_k]))
+        else:
+            y = y_desc.load([off_k, off_n])
+        if BF16_BITS:  # interpreter only, as in _gemm_kernel
+            x = (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+            y = (y.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        acc = tl.dot(x, y, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    if I64:
+        rm = rm.to(tl.int64)
+    epilogue_store(acc, d_ptr, pre_ptr, bias_ptr, rm, rn, M, N, stride_dm, alpha, beta,
+                   HAS_BETA, HAS_BIAS, GELU, OUT_BF16, BIAS_BF16)
+
+
+@triton.jit
+def _gemm_tma_kernel(x_desc, y_desc, d_ptr, pre_ptr, bias_ptr, M, N, K, stride_dm, alpha, beta,
+                     num_programs,
+                     X_K_CONTIG: tl.constexpr, Y_K_CONTIG: tl.constexpr, BF16_BITS: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, I64: tl.constexpr, SKEW_K: tl.constexpr,
+                     PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPEC: tl.constexpr,
+                     HAS_BETA: tl.constexpr, HAS_BIAS: tl.constexpr, GELU: tl.constexpr,
+                     OUT_BF16: tl.constexpr, BIAS_BF16: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr):
+    """_gemm_kernel's math with operand tiles loaded by TMA (host-side descriptors over the
+    operands' storage, contiguous dim last; tl.trans of a K-major tile stays a shared-memory
+    view that wgmma reads directly).  PERSISTENT: ``num_programs`` programs walk the tiles in
+    grouped order (FLATTEN / WARP_SPEC: tl.range's loop flattening / warp specialization)."""
+    if PERSISTENT:
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN,
+                             warp_specialize=WARP_SPEC):
+            _tma_tile(x_desc, y_desc, d_ptr, pre_ptr, bias_ptr, tile, M, N, K, stride_dm, alpha,
+                      beta, X_K_CONTIG, Y_K_CONTIG, BF16_BITS, DOT_PRECISION, I64, SKEW_K,
+                      HAS_BETA, HAS_BIAS, GELU, OUT_BF16, BIAS_BF16,
+                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:
+        _tma_tile(x_desc, y_desc, d_ptr, pre_ptr, bias_ptr, tl.program_id(0), M, N, K,
+                  stride_dm, alpha, beta, X_K_CONTIG, Y_K_CONTIG, BF16_BITS, DOT_PRECISION, I64,
+                  SKEW_K, HAS_BETA, HAS_BIAS, GELU, OUT_BF16, BIAS_BF16,
+                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+
+
 # ---- configs ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -185,6 +267,14 @@ class GemmConfig:
     # AMD-only launch options (Triton on CUDA rejects them): passed on ROCm only.
     waves_per_eu: int | None = None
     matrix_instr_nonkdim: int | None = None
+    # NVIDIA sm_90+ only (_gemm_tma_kernel; elsewhere, or for operands TMA cannot describe,
+    # the same blocks run in _gemm_kernel): TMA loads, a persistent grid of one program per
+    # SM, tl.range loop flattening / warp specialization, K walk skewed per tile.
+    tma: bool = False
+    persistent: bool = False
+    flatten: bool = False
+    warp_specialize: bool = False
+    skew_k: bool = False
 
     def launch_options(self) -> dict:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -196,8 +286,17 @@ class GemmConfig:
         return opts
 
     def name(self) -> str:
+        flags = "".join(f"_{f}" for f in ("tma", "persistent", "flatten", "warp_specialize",
+                                           "skew_k") if getattr(self, f))
         return (f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-                f"_w{self.num_warps}_s{self.num_stages}")
+                f"_w{self.num_warps}_s{self.num_stages}{flags}")
+
+    def source(self) -> str:
+        """The ``_C(...)`` expression for this config (to paste into ``_CUDA``)."""
+        extra = "".join(f", {f}=True" for f in ("tma", "persistent", "flatten",
+                                                 "warp_specialize", "skew_k") if getattr(self, f))
+        return (f"_C({self.block_m}, {self.block_n}, {self.block_k}, {self.group_m}, "
+                f"{self.num_warps}, {self.num_stages}{extra})")
 
 
 _C = GemmConfig
@@ -209,6 +308,8 @@ _INTERPRETER = _C(16, 32, 32, 2, 4, 1)
 # GELU + beta + bias epilogue only, once per tile).  fp32 runs on the CUDA cores (ieee dot:
 # FMA chains): small tiles.
 _CUDA = {
+    # Issue 4 switch: paste the winning TMA_CANDIDATES line from benchmarks/gemm_configs.py
+    # here (e.g. ``_C(128, 256, 64, 8, 8, 3, tma=True, persistent=True)``) once measured.
     ("16bit", "large"): _C(128, 256, 64, 8, 8, 3),
     ("16bit", "medium"): _C(128, 128, 64, 8, 4, 4),
     ("16bit", "small"): _C(64, 64, 64, 8, 4, 4),
@@ -239,6 +340,22 @@ CANDIDATES = (
     # 256-byte K rows per tile row for the K-contiguous (TN) operands.
     _C(128, 256, 128, 8, 8, 2), _C(256, 128, 128, 8, 8, 2), _C(128, 128, 128, 8, 8, 3),
     _C(128, 128, 128, 8, 4, 3),
+)
+# TMA variants (issue 4: the TN layout ran at 70-80 % of torch.matmul with _gemm_kernel while
+# its TTGIR/PTX -- wgmma straight from 128B-swizzled shared memory, 16-byte cp.async -- is the
+# NN kernel's but for wgmma's B-transpose flag; see benchmarks/gemm_configs.py).  Not used by
+# the autotuner; benchmarks/gemm_configs.py times them in TN and NN.
+TMA_CANDIDATES = (
+    _C(128, 256, 64, 8, 8, 3, tma=True), _C(128, 256, 64, 8, 8, 4, tma=True),
+    _C(256, 128, 64, 8, 8, 3, tma=True),
+    _C(128, 256, 64, 8, 8, 3, tma=True, persistent=True),
+    _C(128, 256, 64, 8, 8, 4, tma=True, persistent=True),
+    _C(256, 128, 64, 8, 8, 3, tma=True, persistent=True),
+    _C(128, 256, 64, 8, 8, 3, tma=True, persistent=True, flatten=True),
+    _C(128, 256, 64, 8, 8, 3, tma=True, persistent=True, warp_specialize=True),
+    _C(128, 128, 64, 8, 8, 4, tma=True, persistent=True, warp_specialize=True),
+    _C(128, 256, 64, 8, 8, 3, tma=True, skew_k=True),
+    _C(128, 256, 64, 8, 8, 3, tma=True, persistent=True, skew_k=True),
 )
 _working: dict[tuple, GemmConfig] = {}  # size key -> config that compiled on this device
 
@@ -346,9 +463,54 @@ def _run(x, y, d, pre, bias, m, n, k, x_k_contig, y_k_contig, stride_x, stride_y
 
 def _launch_one(cfg: GemmConfig, args, flags, m, n, k):
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    if cfg.tma and _tma_usable(args, flags, k):
+        _launch_tma(cfg, args, flags, grid[0])
+        return
     _gemm_kernel[grid](*args, **flags, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                        **cfg.launch_options())
+
+
+def _tma_usable(args, flags, k) -> bool:
+    """TMA needs an sm_90+ NVIDIA GPU (or the interpreter, which emulates it: CI tests the
+    kernel there), 16-bit operands (fp32 keeps the ieee CUDA-core path), K > 0, 16-byte
+    aligned bases and row strides."""
+    if torch.version.hip is not None or k == 0:
+        return False
+    if flags["DOT_PRECISION"] == "ieee" and not flags["BF16_BITS"]:  # fp32 operands
+        return False
+    if not INTERPRET and torch.cuda.get_device_capability(args[0].device)[0] < 9:
+        return False
+    (x, y), strides = args[:2], args[8:10]
+    return all(t.data_ptr() % 16 == 0 and (s * t.element_size()) % 16 == 0
+               for t, s in zip((x, y), strides))
+
+
+def _descriptor(storage: torch.Tensor, row_stride: int, block: list[int]):
+    """A TMA descriptor over an operand's storage (2-D, unit stride along dim 1)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor  # triton >= 3.4
+
+    return TensorDescriptor(storage, list(storage.shape), [row_stride, 1], block)
+
+
+def _launch_tma(cfg: GemmConfig, args, flags, tiles):
+    # args: x, y, d, pre, bias, M, N, K, stride_x, stride_y, stride_dm, alpha, beta
+    x, y, stride_x, stride_y = args[0], args[1], args[8], args[9]
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    # X (M, K) is stored (M, K) when K-contiguous, else (K, M); Y (K, N) as (N, K) or (K, N).
+    x_desc = (_descriptor(x, stride_x, [bm, bk]) if flags["X_K_CONTIG"]
+              else _descriptor(x.t(), stride_x, [bk, bm]))
+    y_desc = (_descriptor(y.t(), stride_y, [bn, bk]) if flags["Y_K_CONTIG"]
+              else _descriptor(y, stride_y, [bk, bn]))
+    programs = tiles
+    if cfg.persistent:
+        sms = 4 if INTERPRET else torch.cuda.get_device_properties(
+            x.device).multi_processor_count
+        programs = min(tiles, sms)
+    _gemm_tma_kernel[(programs,)](
+        x_desc, y_desc, *args[2:8], *args[10:], programs, **flags, SKEW_K=cfg.skew_k,
+        PERSISTENT=cfg.persistent, FLATTEN=cfg.flatten, WARP_SPEC=cfg.warp_specialize,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, **cfg.launch_options())
 
 
 _autotuned_kernel = None

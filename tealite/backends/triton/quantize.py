@@ -27,7 +27,8 @@ import triton.language as tl
 from tealite import recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
-                                             _overflow_constants, _te_scale, hw_fp8)
+                                             _overflow_constants, _te_scale, _tile_ids,
+                                             hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.quantize_block import quantize_block
 from tealite.backends.triton.quantize_mx import quantize_mx
@@ -49,14 +50,15 @@ CONFIGS = {
     # (rowwise along BN, columnwise along BM, 1 byte each) are 128-byte runs.
     # Measured on an H100 (benchmarks/quantize_tiles.py, bf16 16384x8192): 64x128 / 4 warps
     # 62 % of copy, 128x128 / 8 warps 58 %.
-    "cast_transpose": dict(BM=64, BN=128, num_warps=4),
+    # GROUP_M: tile order (_codecs._tile_ids); 1 = row-major.
+    "cast_transpose": dict(BM=64, BN=128, num_warps=4, GROUP_M=1),
     # Per-row scaling, a row in registers: warps = block / (32 * elems_per_thread), within
     # [4, max_warps] (a 8192-wide row: 16 warps, 16 values per thread).
     # (H100: 32 per thread 101 % of copy, 16 per thread 92 %.)
     "row": dict(elems_per_thread=32, max_warps=16),
     # Per-row scaling's two tiled passes (row/column amax, cast-transpose): one shared tile.
     # (H100: 128x64 / 4 warps 53 % of copy, 128x128 / 8 warps 40 %.)
-    "per_row_tiles": dict(BM=128, BN=64, num_warps=4),
+    "per_row_tiles": dict(BM=128, BN=64, num_warps=4, GROUP_M=1),
 }
 
 
@@ -123,13 +125,13 @@ def _cast_transpose_tensor_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_ptr, sin
                                   NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                                   OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                                   OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
-                                  HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                                  HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                                  GROUP_M: tl.constexpr = 1):
     """Per-tensor cast of one (BM, BN) tile, written columnwise (K, M) and, with ROW, also
     rowwise (M, K): one read of x for both.  ``tiles_n`` = max(1, cdiv(K, BN)): an empty x
-    still runs one program, which writes scale_inv."""
+    still runs one program, which writes scale_inv.  GROUP_M: tile order (``_tile_ids``)."""
     pid = tl.program_id(0)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tiles_n, GROUP_M)
     scale = _tensor_scale(scale_ptr, amax_ptr, fmax, eps, GIVEN, POW2)
     if pid == 0:
         sinv = tl.math.div_rn(1.0, scale)
@@ -177,13 +179,11 @@ def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, amax_ptr, K, fmax, eps, POW2: t
 
 @triton.jit
 def _rowcol_amax_kernel(x_ptr, rpart_ptr, cpart_ptr, M, K, X_BF16: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr):
+                        BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1):
     """Partial max |x| of one tile along its rows (row_part[pid_n, rows]) and along its
     columns (col_part[pid_m, cols]), NaN-propagating (integer max of the magnitude bits)."""
     pid = tl.program_id(0)
-    tiles_n = tl.cdiv(K, BN)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     rmask = rows < M
@@ -206,14 +206,13 @@ def _cast_transpose_rowcol_kernel(x_ptr, q_ptr, qt_ptr, ramax_ptr, camax_ptr, si
                                   NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                                   OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                                   OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
-                                  HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                                  HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                                  GROUP_M: tl.constexpr = 1):
     """Per-row current scaling of one tile: rowwise with the scales of x's rows, columnwise
     (rows of x.T) with the scales of x's columns, from the row / column amaxes of the first
     pass.  Programs of the first tile column (row) write the rowwise (columnwise) scale_inv."""
     pid = tl.program_id(0)
-    tiles_n = tl.cdiv(K, BN)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     rmask = rows < M

@@ -22,13 +22,15 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
-                                             _overflow_constants, _te_scale, hw_fp8)
+                                             _overflow_constants, _te_scale, _tile_ids,
+                                             hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.formats import Saturation, get_format
 
 BLOCK = 128
 # (BM, BN, num_warps) by (block rows, rowwise, columnwise), read at every launch
-# (benchmarks/quantize_tiles.py overrides them for a sweep).  A 128 x 128 tile with 8 warps is
+# (benchmarks/quantize_tiles.py overrides them for a sweep); an optional 4th entry is GROUP_M,
+# the tile order (_codecs._tile_ids; default 1, row-major).  A 128 x 128 tile with 8 warps is
 # 64 fp32 values per thread on NVIDIA (32 per lane on AMD's 64-wide wavefronts); 1x128 needs
 # BN == 128 rowwise and BM == 128 columnwise.  Columnwise codes are stored along BM: 128 keeps
 # each run of the (K, M) output 128 bytes.
@@ -59,11 +61,9 @@ def _block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_s
                        NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                        OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                        OVF_CODE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1):
     pid = tl.program_id(0)
-    tiles_n = tl.cdiv(K, BN)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     rmask = rows < M
@@ -124,7 +124,7 @@ def quantize_block(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
         qt = torch.empty((k, m), dtype=torch.uint8, device=dev)
         st = torch.empty(_scale_shape(k, m, block), dtype=torch.float32, device=dev)
     if m and k:
-        bm, bn, warps = _TILES[(block[0], rowwise, columnwise)]
+        bm, bn, warps, *group = _TILES[(block[0], rowwise, columnwise)]
         consts = dict(_fmt_constants(fmt), **_overflow_constants(fmt))
         dummy_q = torch.empty(1, dtype=torch.uint8, device=dev)
         dummy_s = torch.empty(1, dtype=torch.float32, device=dev)
@@ -136,6 +136,6 @@ def quantize_block(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
             recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=block[0] == BLOCK,
             POW2=recipe.force_pow2_scales, SATURATE=recipe.saturation is Saturation.SATURATE,
             X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device), BM=bm, BN=bn,
-            num_warps=warps, **consts)
+            GROUP_M=group[0] if group else 1, num_warps=warps, **consts)
     view = lambda t: None if t is None else t.view(fmt.torch_dtype)  # noqa: E731
     return view(q), s, view(qt), st

@@ -29,13 +29,14 @@ import triton.language as tl
 
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp8_rounded,
                                              _fmt_constants, _mx_descale, _mx_scale_constants,
-                                             hw_fp8)
+                                             _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.formats import ElementRounding, get_format
 
 MX_BLOCK = 32
 # (BM, BN, num_warps) per direction set (rowwise, columnwise), read at every launch
 # (benchmarks/quantize_tiles.py overrides them for a sweep); BM and BN must be multiples of 32.
+# An optional 4th entry is GROUP_M, the tile order (_codecs._tile_ids; default 1, row-major).
 # Columnwise codes are stored along BM: 128 makes each run of the (K, M) output 128 bytes
 # (FP8; 64 packed e2m1 bytes).
 # (rows, cols, warps) per (rowwise, columnwise); measured on an H100 (quantize_tiles.py, bf16
@@ -99,11 +100,9 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
                     MBITS: tl.constexpr, FMAX: tl.constexpr, EMIN: tl.constexpr,
                     BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                     SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1):
     pid = tl.program_id(0)
-    tiles_n = tl.cdiv(K, BN)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
@@ -168,7 +167,7 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
         qt = _codes_tensor(k, m, fmt, dev)
         st = torch.empty((k, _n_blocks(m)), dtype=torch.uint8, device=dev)
     if m and k:
-        bm, bn, warps = _TILES[(rowwise, columnwise)]
+        bm, bn, warps, *group = _TILES[(rowwise, columnwise)]
         consts = dict(_fmt_constants(fmt), **_mx_scale_constants(fmt.name, recipe.scale_rounding))
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
         grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
@@ -178,7 +177,8 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
             _row_stride(q), _row_stride(qt), _row_stride(s),
             _row_stride(st), ROW=rowwise, COL=columnwise, FP4=fmt.packed,
             TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16,
-            HW_FP8=hw_fp8(x.device), BM=bm, BN=bn, num_warps=warps, **consts)
+            HW_FP8=hw_fp8(x.device), BM=bm, BN=bn, GROUP_M=group[0] if group else 1,
+            num_warps=warps, **consts)
     if not fmt.packed:
         q = None if q is None else q.view(fmt.torch_dtype)
         qt = None if qt is None else qt.view(fmt.torch_dtype)
