@@ -9,7 +9,7 @@ import triton.language as tl
 
 from tealite.formats import get_format
 
-# Code specials, per format family (see _decode_f16).
+# Code specials, per format family (see _decode_f32).
 _NO_SPECIALS, _OCP_E4M3, _IEEE, _FNUZ = 0, 1, 2, 3
 
 
@@ -63,13 +63,6 @@ def _decode_f32(c, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
     # The sign goes in as a bit: triton 3.6 lowers ``-v`` to ``0 - v`` on CUDA, which turns the
     # -0 codes into +0 (measured on an H100).
     return (v.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _decode_f16(c, EBITS: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr,
-                SPECIALS: tl.constexpr, MIN_NORMAL: tl.constexpr):
-    """fp16 values of codes ``c``: exact, every value of these formats is an fp16 value."""
-    return _decode_f32(c, EBITS, MBITS, BIAS, SPECIALS, MIN_NORMAL).to(tl.float16)
 
 
 @triton.jit
@@ -175,13 +168,15 @@ def _mx_operand(ptrs, byte, rk, rkh, k_left, TYPED: tl.constexpr,
                 SCALE_K: tl.constexpr, E8M0_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                 EVEN_LOW: tl.constexpr, F32_OPERANDS: tl.constexpr, BLOCK_K: tl.constexpr):
     """(R, BLOCK_K) tile of code x 2^(byte - E8M0_BIAS) (``byte``: the tile's (R, BLOCK_K //
-    SCALE_K) scale bytes), exact: every byte of the tile is in
-    the format's fast range (``_fast_byte_range``), where each such value is a normal bf16
-    number (or 0, or the code's Inf / NaN).  bf16 for the tensor cores; fp32 (the same
-    values) where bf16 dots are not trusted (the interpreter)."""
+    SCALE_K) scale bytes), exact: the tile passed ``_mx_tile_is_fast``, so each byte is in the
+    format's fast range (``_fast_byte_range``), where every such value is a normal bf16 number
+    (or 0, or the code's Inf / NaN), or its block's codes are all zero (0 x any finite power
+    below the range is 0).  bf16 for the tensor cores; fp32 holding the same bf16 values where
+    bf16 dots are not trusted (the interpreter)."""
     x = _load_codes_f32(ptrs, rk, rkh, k_left, TYPED, PACKED, EBITS, MBITS, BIAS, SPECIALS,
                         MIN_NORMAL, EVEN_K, EVEN_LOW)
-    # 2^(byte - bias) from its exponent field: a normal fp32 inside the fast range.
+    # 2^(byte - bias) from its exponent field: a normal fp32 inside the fast range (0.0 for
+    # byte 0, which only meets zero codes here).
     s = ((byte.to(tl.int32) + (127 - E8M0_BIAS)) << 23).to(tl.float32, bitcast=True)
     v = x * _per_element(s, SCALE_K, BLOCK_K)
     if F32_OPERANDS:
@@ -269,8 +264,8 @@ def _byte_range(s_ptr, rows, row_ok, stride_row, stride_k, n_scales, NEUTRAL: tl
 
 @triton.jit
 def _count_lost_codes(ptr, s_ptr, rows, row_ok, K, n_scales, stride, stride_row, stride_k,
-                      LO: tl.constexpr, TYPED: tl.constexpr, PACKED: tl.constexpr, MAG: tl.constexpr,
-                      SCALE_K: tl.constexpr, BLOCK_K: tl.constexpr):
+                      LO: tl.constexpr, TYPED: tl.constexpr, PACKED: tl.constexpr,
+                      MAG: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_K: tl.constexpr):
     """Number of nonzero codes in blocks whose byte is < LO (their scaled values may be below
     bf16's normal range), in the K-last code rows ``rows``."""
     NS: tl.constexpr = BLOCK_K // SCALE_K

@@ -10,7 +10,9 @@ multiplies by ``s_B[i]`` then ``s_A[j]`` (a per-tensor scale is a row scale of s
 FP8 block (``KIND_BLOCK``, 128-long K blocks, fp32 scales): each K step lies inside one scale
 block; its partial product (a fresh ``tl.dot``) is added as ``acc += (part * s_B[i]) * s_A[j]``.
 Operands of both are native fp8 tiles where the target multiplies the format (``DOT_FP8``:
-NVIDIA sm_89+ / gfx950 OCP, gfx942 FNUZ), else codes decoded to fp16 with integer ops (exact).
+NVIDIA sm_89+ / gfx950 OCP, gfx942 FNUZ), else the codes' exact values as bf16 (every FP8 /
+E2M1 value is a normal bf16 number; fp16 would make e5m2's subnormal codes fp16 subnormals,
+which H100 tensor cores align at the smallest normal exponent), fp32 in the interpreter.
 
 MX (``KIND_MX``, E8M0 scales 2^(byte-127) per 32 along K): the scales are powers of two, so
 they go on the OPERANDS, exactly: each code is decoded (the hardware's fp8 conversion, or
@@ -20,7 +22,7 @@ mantissa bits, bf16 has 7 and fp32's exponent range).  Then ONE bf16 ``tl.dot`` 
 BLOCK_K = 64 / 128 per step, fp32 accumulation (the old path paid a dot plus a full fp32 tile
 rescale every 32 K: 8 % of scaled_mm on an H100).  Each tile first checks its scale bytes
 (``_mx_tile_is_fast``); a tile with a byte above the range (overflow, NaN 0xFF) or below it
-(subnormal / lost values) with any nonzero code there takes the exact fallback: fp16 code
+(subnormal / lost values) with any nonzero code there takes the exact fallback: bf16 code
 dots per 32-long block, each partial multiplied by 2^(e_B + e_A) split into two normal halves
 (``_times_e8m0_pair``), computed in two column halves so its registers peak where the fast
 path's do.  Zero blocks (amax == 0 gives byte 0 under every E8M0 rule) keep the fast path.
@@ -33,9 +35,10 @@ out-of-range scale bytes, so the exactness routing above would be needed anyway.
 Numerics (declared to the ``gemm`` tier, tealite_verify/tolerance.py; see ``_numerics``):
 products of codes are exact; sums are fp32, except the WGMMA accumulator of native FP8 dots on
 NVIDIA (~14 bits between promotions): all of K for per-tensor / per-row (Triton's sm_90
-default never promotes, as scaled_mm's fast path), one scale block for block scaling.  Block
-scaling rounds each partial twice in fp32 (the tier's operand term).  MX is the tier's base
-model: exact products, fp32 sums, no operand or 14-bit term.  One rounding to out_dtype
+default never promotes, as scaled_mm's fast path), one scale block for block scaling; bf16
+tensor-core sums on NVIDIA truncate (u = 2^-23, measured on an H100, as gemm.py declares).
+Block scaling rounds each partial twice in fp32 (the tier's operand term).  MX is the tier's
+base model: exact products, fp32 sums, no operand or 14-bit term.  One rounding to out_dtype
 (bf16 by integer RNE, _io.py).
 
 Performance: a classic tiled kernel with grouped ordering, no TMA or warp specialization
@@ -57,9 +60,9 @@ from tealite._checks import require
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
-    _decode_constants, _decode_f16, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
+    _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
     _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair)
-from tealite.backends.triton.gemm import grouped_pid
+from tealite.backends.triton.gemm import _TENSOR_CORE_U, grouped_pid
 from tealite.formats import get_format
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -79,15 +82,23 @@ _FP8_MMA_UNIT_ROUNDOFF = 2.0**-14
 # ---- per-block partial products: FP8 per-tensor / per-row / block, and MX's exact fallback -----
 
 @triton.jit
+def _dot(b, a, acc, IEEE: tl.constexpr):
+    if IEEE:  # fp32 operands: exact FMA products (Triton's NVIDIA default would be TF32)
+        return tl.dot(b, a, acc, input_precision="ieee", out_dtype=tl.float32)
+    else:
+        return tl.dot(b, a, acc, out_dtype=tl.float32)
+
+
+@triton.jit
 def _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, stride_a, stride_b,
                     stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
                     KIND: tl.constexpr, SCALE_K: tl.constexpr, SA_ROWS: tl.constexpr,
                     E8M0_BIAS: tl.constexpr, EVEN_LOW: tl.constexpr, DOT_FP8: tl.constexpr,
-                    A_TYPED: tl.constexpr, A_EBITS: tl.constexpr, A_MBITS: tl.constexpr,
-                    A_BIAS: tl.constexpr, A_SPECIALS: tl.constexpr, A_MIN_NORMAL: tl.constexpr,
-                    A_PACKED: tl.constexpr, B_TYPED: tl.constexpr, B_EBITS: tl.constexpr,
-                    B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_SPECIALS: tl.constexpr,
-                    B_MIN_NORMAL: tl.constexpr, B_PACKED: tl.constexpr,
+                    F32_OPERANDS: tl.constexpr, A_TYPED: tl.constexpr, A_EBITS: tl.constexpr,
+                    A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_SPECIALS: tl.constexpr,
+                    A_MIN_NORMAL: tl.constexpr, A_PACKED: tl.constexpr, B_TYPED: tl.constexpr,
+                    B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr,
+                    B_SPECIALS: tl.constexpr, B_MIN_NORMAL: tl.constexpr, B_PACKED: tl.constexpr,
                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr):
     """acc = sum over K steps of the step's code product; block / MX kinds scale each step's
@@ -115,27 +126,32 @@ def _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, stride_a, stride_b,
                 b = tl.load(b_ptrs, mask=rk[None, :] < k_left, other=0.0)
                 a = tl.load(a_ptrs, mask=rk[:, None] < k_left, other=0.0)
         else:
-            # codes -> exact fp16 (no native dot for this format pair here, MX's fallback, or
-            # the interpreter: see the module docstring).
+            # Codes -> their exact values as bf16 (no native dot for this format pair here, or
+            # MX's fallback): every FP8 / E2M1 value is a NORMAL bf16 number, whereas fp16 would
+            # hold e5m2's subnormal codes as fp16 subnormals, which H100 tensor cores align at
+            # the smallest normal exponent (tolerance.aligned_magnitude).  fp32 in the
+            # interpreter (its bf16 dot is garbage): the same values.
             b = _load_codes_f32(b_ptrs, rk, rkh, k_left, B_TYPED, B_PACKED, B_EBITS, B_MBITS,
                                 B_BIAS, B_SPECIALS, B_MIN_NORMAL, EVEN_K, EVEN_LOW)
-            b = b.to(tl.float16)
             if A_PACKED:
-                a = tl.trans(_load_e2m1_f32(a_ptrs, rkh[None, :], k_left, EVEN_K,
-                                            EVEN_LOW)).to(tl.float16)
+                a = tl.trans(_load_e2m1_f32(a_ptrs, rkh[None, :], k_left, EVEN_K, EVEN_LOW))
             elif A_TYPED:
                 if EVEN_K:
-                    a = tl.load(a_ptrs).to(tl.float16)
+                    a = tl.load(a_ptrs).to(tl.float32)
                 else:
-                    a = tl.load(a_ptrs, mask=rk[:, None] < k_left, other=0.0).to(tl.float16)
+                    a = tl.load(a_ptrs, mask=rk[:, None] < k_left, other=0.0).to(tl.float32)
             else:
-                a = _decode_f16(_load_u8(a_ptrs, rk[:, None] < k_left, EVEN_K), A_EBITS,
+                a = _decode_f32(_load_u8(a_ptrs, rk[:, None] < k_left, EVEN_K), A_EBITS,
                                 A_MBITS, A_BIAS, A_SPECIALS, A_MIN_NORMAL)
+            if not F32_OPERANDS:
+                b = b.to(tl.bfloat16)
+                a = a.to(tl.bfloat16)
+        IEEE: tl.constexpr = F32_OPERANDS and not DOT_FP8
         if KIND == 0:
-            acc = tl.dot(b, a, acc, out_dtype=tl.float32)
+            acc = _dot(b, a, acc, IEEE)
         else:
             # A fresh dot per scale block: its partial sum is scaled in fp32 before joining acc.
-            part = tl.dot(b, a, out_dtype=tl.float32)
+            part = _dot(b, a, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
             sk = (kb * BLOCK_K) // SCALE_K
             s_b = tl.load(sb_ptr + bm * stride_sb_row + sk * stride_sb_k)
             s_a = tl.load(sa_ptr + (an // SA_ROWS) * stride_sa_row + sk * stride_sa_k)
@@ -197,10 +213,11 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
     if KIND != 2:
         acc = _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, stride_a, stride_b,
                               stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
-                              KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW, DOT_FP8, A_TYPED,
-                              A_EBITS, A_MBITS, A_BIAS, A_SPECIALS, A_MIN_NORMAL, A_PACKED,
-                              B_TYPED, B_EBITS, B_MBITS, B_BIAS, B_SPECIALS, B_MIN_NORMAL,
-                              B_PACKED, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+                              KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW, DOT_FP8,
+                              F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS,
+                              A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS, B_MBITS, B_BIAS,
+                              B_SPECIALS, B_MIN_NORMAL, B_PACKED, EVEN_K, BLOCK_M, BLOCK_N,
+                              BLOCK_K)
         _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
                   stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
     elif _mx_tile_is_fast(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, rn < N, rm < M, K, KS,
@@ -228,10 +245,10 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
             acc_h = _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an_h, bm, K, stride_a,
                                     stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
                                     stride_sb_k, KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW,
-                                    False, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS,
-                                    A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS, B_MBITS, B_BIAS,
-                                    B_SPECIALS, B_MIN_NORMAL, B_PACKED, EVEN_SCALE_K, BLOCK_M,
-                                    HALF, SCALE_K)
+                                    False, F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
+                                    A_SPECIALS, A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS,
+                                    B_MBITS, B_BIAS, B_SPECIALS, B_MIN_NORMAL, B_PACKED,
+                                    EVEN_SCALE_K, BLOCK_M, HALF, SCALE_K)
             _epilogue(acc_h, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn_h, bm, an_h, M, N,
                       stride_sa_row, stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16,
                       OUT_BF16)
@@ -256,7 +273,7 @@ def _native_fp8_formats(device) -> frozenset:
 
 
 def dot_fp8(fmt_a: str, fmt_b: str, device) -> bool:
-    """Whether the kernel multiplies these formats natively (else decodes both to fp16)."""
+    """Whether the kernel multiplies these formats natively (else decodes both to bf16)."""
     native = _native_fp8_formats(device)
     return fmt_a in native and fmt_b in native
 
@@ -298,14 +315,17 @@ _INTERPRETER = _C(16, 32, 64, 2, 4, 1)
 # per-row: 128x256x128 x 3 stages = 144 KB smem, 224 registers (the shape of Triton's FP8
 # matmul tutorial config).  Block keeps a second (BM, BN) fp32 tile (the partial product)
 # live, which spills at 128x256 (cross-compiled for sm_90 with triton 3.9: 255 registers +
-# 160-208 B stack), so 128x128.  Decoded (fp16) operands: half the K depth of FP8.
-# MX (bf16 dots on scaled operands, cross-compiled for sm_90 with triton 3.9, unmeasured):
-# each step converts both tiles on the CUDA cores, then waits for its wgmma (Triton cannot
-# keep a dot in flight whose operand it stored from registers), so one CTA alternates
-# between the two units.  128x128x64 with 4 warps: 255 registers, no spill in the fast loop,
-# 48 KB smem, so two CTAs fit an SM and overlap one's conversion with the other's wgmma.
-# Alternatives in benchmarks/qgemm_configs.py (8 warps: 128x128x64 198 registers, 128x256x64
-# and 128x128x128 255, all spill-free in the fast loop; 128x256x128 spills).
+# 160-208 B stack), so 128x128.  Decoded (bf16) operands: half the K depth of FP8.
+# MX (bf16 dots on scaled operands; cross-compiled for sm_90 with triton 3.6 and 3.9, not
+# yet timed): each step converts both tiles on the CUDA cores, then waits for its wgmma
+# (Triton cannot keep a dot in flight whose operand it stored from registers), so one CTA
+# alternates between the two units.  128x128x64 with 4 warps: 255 registers, no spill in the
+# fast loop, 48 KB smem, so two CTAs fit an SM and overlap one's conversion with the other's
+# wgmma.  Alternatives in benchmarks/qgemm_configs.py (8 warps: 128x128x64 ~190 registers,
+# 128x256x64 and 128x128x128 255, spill-free fast loops; 128x256x128 spills).  The old MXFP4
+# 128x128x32 / 4-warp config hit triton 3.6's "Illegal shared layout" in
+# TritonGPUOptimizeDotOperands (reproduced in the cross-compile); every config listed here
+# and in the benchmark compiles with triton 3.6.
 _CUDA = {
     ("fp8", True, "large"): _C(128, 256, 128, 8, 8, 3),
     ("fp8", True, "small"): _C(128, 128, 128, 8, 8, 4),
@@ -418,8 +438,7 @@ def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k,
         return out
     bias_arg = as_kernel_arg(bias.contiguous()) if bias is not None else out
     args = (a, b, sa, sb, bias_arg, as_kernel_arg(out), m, n, k, triton.cdiv(k, _MX_SCALE_K),
-            a.stride(0), b.stride(0),
-            sa_row, sa_k, sb_row, sb_k, out.stride(0))
+            a.stride(0), b.stride(0), sa_row, sa_k, sb_row, sb_k, out.stride(0))
     flags = dict(KIND=_KINDS[kind], SCALE_K=_scale_k(kind) or 1, SA_ROWS=sa_rows,
                  E8M0_BIAS=_E8M0_BIAS, EVEN_LOW=_E2M1_EVEN_IN_LOW_NIBBLE,
                  DOT_FP8=native and kind != "mx", F32_OPERANDS=INTERPRET, A_TYPED=typed_a,
@@ -458,7 +477,7 @@ def _launch_one(cfg: QGemmConfig, args, flags, kind: str, m: int, n: int, k: int
                                              f"scale block {_MX_SCALE_K}")
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     _qgemm_kernel[grid](*args, **flags, EVEN_K=k % block_k == 0,
-                        EVEN_SCALE_K=k % _MX_SCALE_K == 0, BLOCK_M=cfg.block_m,
+                        EVEN_SCALE_K=kind == "mx" and k % _MX_SCALE_K == 0, BLOCK_M=cfg.block_m,
                         BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
                         **cfg.launch_options())
 
@@ -468,31 +487,36 @@ def _launch_one(cfg: QGemmConfig, args, flags, kind: str, m: int, n: int, k: int
 def _numerics(params) -> dict:
     numerics = {"compute_dtype": torch.float32}
     kind, k = params["kind"], params["k"]
-    if kind == "mx":
-        # Exact products, fp32 sums, nothing else: the fast path multiplies exactly scaled
-        # operands (bf16 or fp32 tensor-core / FMA products are exact, accumulated in fp32);
-        # the fallback's fp16 code products are exact, summed in fp32 per 32-long block, and
-        # each block sum is multiplied by its power of two exactly (below fp32's normal range
-        # it loses less than the smallest normal: inside the tier's underflow term).
-        return numerics
     if kind == "block":
         # Each K block's partial sum is multiplied by its two scales in fp32 before it is added
         # (two roundings per partial): the tier's "each operand rounded once in fp32" term,
         # 2u * |B||A|.
         numerics["operands_dequantized_to"] = torch.float32
-    if (params["device"] == "cuda" and torch.version.hip is None
-            and dot_fp8(params["fmt_a"], params["fmt_b"], torch.device("cuda"))):
+    # MX has no such term: its fast path multiplies exactly scaled operands (bf16 / fp32
+    # products are exact); its fallback's code products are exact, summed per 32-long block,
+    # and each block sum is multiplied by its power of two exactly (below fp32's normal range
+    # it loses less than the smallest normal: inside the tier's underflow term).
+    nvidia = params["device"] == "cuda" and torch.version.hip is None
+    if not nvidia or k == 0:
+        return numerics  # the interpreter's numpy dots: fp32 round-to-nearest sums
+    if kind != "mx" and dot_fp8(params["fmt_a"], params["fmt_b"], torch.device("cuda")):
         if kind == "fp8":
             # acc is the WGMMA accumulator over all of K (Triton's sm_90 default never promotes
             # FP8 dot partial sums), so model the whole sum at ~14 bits, as scaled_mm does.
             numerics["accumulator_unit_roundoff"] = _FP8_MMA_UNIT_ROUNDOFF
-        elif k > 0:
+        else:
             # A fresh dot per scale block: at most min(K, scale block) terms summed at ~14 bits,
             # then at most K partials summed in fp32.  The tier bounds gamma_K(u) |B||A| and
             # gamma_K(u) >= K u, so u = (that sum's bound) / K is a true declaration.
             inner = min(k, _scale_k(kind))
             u = (_gamma(inner, _FP8_MMA_UNIT_ROUNDOFF) + _gamma(k, 2.0**-24)) / k
             numerics["accumulator_unit_roundoff"] = max(u, 2.0**-24)
+    else:
+        # bf16 tensor-core dots (MX, decoded FP8) accumulate with truncation (measured on an
+        # H100, tealite.backends.triton.gemm._TENSOR_CORE_U): u = 2^-23 over every sum, which
+        # also covers the fallback's round-to-nearest fp32 sums of block partials.  Their
+        # operands are normal bf16 numbers (or 0), so no alignment floor applies.
+        numerics["accumulator_unit_roundoff"] = _TENSOR_CORE_U
     return numerics
 
 
