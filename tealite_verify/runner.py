@@ -4,12 +4,19 @@
 tealite front-end (so validation is identical), evaluates the float64 reference once, and
 compares: each backend with the reference under its own declared numerics, and every pair of
 backends with the sum of their two bounds.
+
+Each report carries ``timings`` (``time.perf_counter`` seconds): "inputs", "backend:<name>"
+per backend, "reference" (float64 view + reference) and "compare" (tolerances + metrics).
+On CUDA the device is synchronized at each boundary so asynchronous kernels are charged to
+the backend that launched them, not to whatever synchronizes next.  When the case runs on
+CUDA, the float64 reference products run there too (see ``references._device``).
 """
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +27,7 @@ import torch
 from tealite import registry
 from tealite.errors import BackendUnavailable, UnsupportedCase
 from tealite_verify import tolerance
+from tealite_verify.references import _device as reference_device
 from tealite_verify.specs import Expected, OpSpec
 
 
@@ -47,6 +55,7 @@ class CaseReport:
     device: str
     outcomes: dict[str, Outcome]
     comparisons: list[Comparison]
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[Comparison]:
@@ -93,6 +102,7 @@ class CaseReport:
             "comparisons": [{"lhs": c.lhs, "rhs": c.rhs, "output": c.output,
                              "metrics": c.metrics.to_dict()} for c in self.comparisons],
             "repro": self.repro(),
+            "timings": dict(self.timings),
         }
 
 
@@ -116,10 +126,19 @@ def _reference_view(inputs: dict) -> dict:
             for k, v in inputs.items()}
 
 
-def _run_backend(spec: OpSpec, name: str, inputs: dict, case: dict) -> Outcome:
+def _synchronize(device: str) -> None:
+    """Wait for queued kernels on ``device`` (no-op off CUDA)."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize(device)
+
+
+def _run_backend(spec: OpSpec, name: str, inputs: dict, case: dict,
+                 device: str = "cpu") -> Outcome:
     try:
         with registry.trace() as records:
             outputs = spec.call(_clone(inputs), case, name)
+            # Inside the try: an asynchronous kernel fault surfaces here, as this backend's.
+            _synchronize(device)
     except BackendUnavailable as exc:
         return Outcome(name, "unavailable", str(exc))
     except UnsupportedCase as exc:
@@ -165,32 +184,52 @@ def _compare_pair(x, y, exp: Expected, num_x, num_y) -> tolerance.Metrics:
 def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
              device: str = "cpu", pairwise: bool = True) -> CaseReport:
     names = list(backends) if backends is not None else sorted(registry.backends())
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
     inputs = spec.make_inputs(case, device)
-    outcomes = {n: _run_backend(spec, n, inputs, case) for n in names}
+    _synchronize(device)
+    timings["inputs"] = time.perf_counter() - t
+    outcomes: dict[str, Outcome] = {}
+    for n in names:
+        t = time.perf_counter()
+        outcomes[n] = _run_backend(spec, n, inputs, case, device)
+        timings[f"backend:{n}"] = time.perf_counter() - t
     comparisons: list[Comparison] = []
     ran = [o for o in outcomes.values() if o.status == "ok"]
     if ran:
-        ref_inputs = _reference_view(inputs)
-        expected = spec.reference(ref_inputs, case)
-        for o in ran:
-            for out_name, exp in expected.items():
-                got = o.outputs.get(out_name)
-                if got is None and exp.check is None:
-                    m = tolerance.Metrics(exp.tier, 0, 0, np.inf, np.inf,
-                                          shape_error=f"output {out_name!r} missing")
-                else:
-                    m = _compare_to_reference(got, exp, o.numerics, o.outputs)
-                comparisons.append(Comparison(o.backend, "reference", out_name, m))
-        if pairwise:
-            for i, x in enumerate(ran):
-                for y in ran[i + 1:]:
-                    for out_name, exp in expected.items():
-                        if out_name in x.outputs and out_name in y.outputs:
-                            if exp.check_pair is not None:
-                                m = exp.check_pair(x.outputs, y.outputs, x.numerics,
-                                                   y.numerics)
-                            else:
-                                m = _compare_pair(x.outputs[out_name], y.outputs[out_name],
-                                                  exp, x.numerics, y.numerics)
-                            comparisons.append(Comparison(x.backend, y.backend, out_name, m))
-    return CaseReport(spec.name, case, device, outcomes, comparisons)
+        with reference_device.reference_device(reference_device.for_case(device)):
+            t = time.perf_counter()
+            expected = spec.reference(_reference_view(inputs), case)
+            timings["reference"] = time.perf_counter() - t
+            t = time.perf_counter()
+            comparisons = _comparisons(ran, expected, pairwise)
+            timings["compare"] = time.perf_counter() - t
+    return CaseReport(spec.name, case, device, outcomes, comparisons, timings)
+
+
+def _comparisons(ran: list[Outcome], expected: dict[str, Expected],
+                 pairwise: bool) -> list[Comparison]:
+    """Each backend against the reference, then (``pairwise``) every pair of backends."""
+    comparisons: list[Comparison] = []
+    for o in ran:
+        for out_name, exp in expected.items():
+            got = o.outputs.get(out_name)
+            if got is None and exp.check is None:
+                m = tolerance.Metrics(exp.tier, 0, 0, np.inf, np.inf,
+                                      shape_error=f"output {out_name!r} missing")
+            else:
+                m = _compare_to_reference(got, exp, o.numerics, o.outputs)
+            comparisons.append(Comparison(o.backend, "reference", out_name, m))
+    if pairwise:
+        for i, x in enumerate(ran):
+            for y in ran[i + 1:]:
+                for out_name, exp in expected.items():
+                    if out_name in x.outputs and out_name in y.outputs:
+                        if exp.check_pair is not None:
+                            m = exp.check_pair(x.outputs, y.outputs, x.numerics,
+                                               y.numerics)
+                        else:
+                            m = _compare_pair(x.outputs[out_name], y.outputs[out_name],
+                                              exp, x.numerics, y.numerics)
+                        comparisons.append(Comparison(x.backend, y.backend, out_name, m))
+    return comparisons

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tealite_verify.references._device import matmul_f64
 from tealite_verify.references.activations import gelu
 
 
@@ -14,8 +15,9 @@ def operands(a: np.ndarray, b: np.ndarray, layout: str) -> tuple[np.ndarray, np.
 
 
 def product(a: np.ndarray, b: np.ndarray, layout: str) -> np.ndarray:
+    """op_B(B) @ op_A(A) in float64, on the reference device (see references._device)."""
     op_b, op_a = operands(a, b, layout)
-    return op_b @ op_a
+    return matmul_f64(op_b, op_a)
 
 
 def gemm(a, b, *, layout: str, alpha: float = 1.0, beta: float = 0.0, c=None, bias=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tealite_verify.references import quantize as q
+from tealite_verify.references._device import matmul_f64
 
 
 def dequantize_fp8(bits, scale_inv, fmt: str, granularity: str, block=None) -> np.ndarray:
@@ -20,6 +21,6 @@ def dequantize_fp8(bits, scale_inv, fmt: str, granularity: str, block=None) -> n
 
 
 def qgemm(a_deq: np.ndarray, b_deq: np.ndarray, bias=None) -> np.ndarray:
-    """D = B @ A.T (+ bias) for K-last operands."""
-    out = b_deq @ a_deq.T
+    """D = B @ A.T (+ bias) for K-last operands, on the reference device."""
+    out = matmul_f64(b_deq, a_deq.T)
     return out + bias[None, :] if bias is not None else out
