@@ -30,3 +30,14 @@ def make_backend():
     for n in names:
         unregister_backend(n)
     assert not any(n in backends() for n in names)
+
+
+# ---- stored fuzz findings replay first (issue 5) -------------------------------------------
+_REPLAY_MODULE = "test_findings_replay.py"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Move the stored-findings replays to the front: known bugs are checked before new cases."""
+    first = [i for i in items if i.path.name == _REPLAY_MODULE]
+    if first:
+        items[:] = first + [i for i in items if i.path.name != _REPLAY_MODULE]
