@@ -154,6 +154,7 @@ def cmd_fuzz(args) -> int:
                      recipe=args.recipe, seconds=seconds, seed=args.seed, device=args.device,
                      workers=args.workers, corpus=str(args.corpus or default_corpus_dir()),
                      case_timeout=args.case_timeout, size=args.size, batch=args.batch,
+                     variants=args.variants,
                      json_path=args.json, markdown_path=args.markdown, verbose=args.verbose,
                      db_always=args.db_every_run)
     try:
@@ -252,6 +253,10 @@ def _add_fuzz_parser(sub) -> None:
     z.add_argument("--size", choices=SIZES, default="ci", help="shape budget")
     z.add_argument("--batch", type=int, default=100,
                    help="examples per Hypothesis run (each run has a fresh seed)")
+    z.add_argument("--variants", type=int, default=4,
+                   help="data seeds run per drawn case (same shape / recipe / distribution): "
+                        "amortizes Hypothesis's drawing cost over several kernel runs; the "
+                        "failing variant is the case recorded (default 4)")
     z.add_argument("--verbose", action="store_true", help="pass the workers' stderr through")
     z.add_argument("--db-every-run", action="store_true",
                    help="use the Hypothesis example database in every run, not only each "

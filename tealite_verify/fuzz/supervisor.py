@@ -47,6 +47,7 @@ class FuzzConfig:
     case_timeout: float = 60.0
     size: str = "ci"
     batch: int = 100
+    variants: int = 4
     json_path: str | None = None
     markdown_path: str | None = None
     verbose: bool = False
@@ -115,6 +116,7 @@ class Campaign:
         wcfg = {"targets": self.targets, "device": self.cfg.device, "seed": slot.seed,
                 "deadline": self.deadline, "corpus": str(self.cfg.corpus),
                 "size": self.cfg.size, "recipe": self.cfg.recipe, "batch": self.cfg.batch,
+                "variants": self.cfg.variants,
                 "index": slot.index, "shrink_grace": self.shrink_grace,
                 "db_always": self.cfg.db_always}
         env = dict(os.environ, **slot.env)
