@@ -357,3 +357,11 @@ def _encode_fp8_sat(v, fmax, SATURATE: tl.constexpr, MBITS: tl.constexpr, EMIN: 
     if not SATURATE:
         code = _fp8_overflow(v, code, OVF_THRESH, OVF_TIE, OVF_CODE, FNUZ)
     return code
+
+
+@triton.jit
+def _mag_max(x, AXIS: tl.constexpr):
+    """max |x| along AXIS, NaN-propagating: the integer max of the magnitude bits (NaN
+    patterns sort above Inf; tl.max on floats would drop NaN)."""
+    mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(mag, axis=AXIS).to(tl.float32, bitcast=True)

@@ -35,7 +35,7 @@ from tealite import recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _encode_fp8_sat,
                                              _fmt_constants, _mx_descale, _mx_scale_constants,
-                                             _overflow_constants, _te_scale)
+                                             _mag_max, _overflow_constants, _te_scale)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.activations import act_f32
 from tealite.backends.triton.norms import effective_weight
@@ -49,13 +49,6 @@ _MAX_ROW = 65536
 _TILE = 4096
 MX_BLOCK = 32
 _GIVEN, _PER_ROW, _MX = 0, 1, 2
-
-
-@triton.jit
-def _abs_max(v, AXIS: tl.constexpr):
-    """max |v| along AXIS, NaN-propagating (integer max of the magnitude bits)."""
-    mag = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    return tl.max(mag, axis=AXIS).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -74,7 +67,7 @@ def _quantize_tile(y, rows, n_rows, N, q_ptr, s_ptr, amax_ptr, scale_ptr, fmax, 
     y = tl.where(mask, y, 0.0)
     if QMODE == 2:
         yb = tl.reshape(y, (BLOCK_R, BLOCK // 32, 32))
-        byte = _e8m0_scale(_abs_max(yb, 2), MODE, EMAX, MBITS, FMAX)  # (BLOCK_R, BLOCK // 32)
+        byte = _e8m0_scale(_mag_max(yb, 2), MODE, EMAX, MBITS, FMAX)  # (BLOCK_R, BLOCK // 32)
         v = _mx_descale(yb, byte[:, :, None])
         code = tl.reshape(_encode_fp8_rounded(v, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
                                               SUB_SCALE, TIES_AWAY), (BLOCK_R, BLOCK))
@@ -83,7 +76,7 @@ def _quantize_tile(y, rows, n_rows, N, q_ptr, s_ptr, amax_ptr, scale_ptr, fmax, 
         tl.store(s_ptr + rows[:, None] * nb + kb[None, :], byte.to(tl.uint8),
                  mask=rmask[:, None] & (kb < nb)[None, :])
     else:
-        amax = _abs_max(y, 1)  # (BLOCK_R,)
+        amax = _mag_max(y, 1)  # (BLOCK_R,)
         if QMODE == 1:
             scale = _te_scale(amax, fmax, eps, POW2)
             tl.store(s_ptr + rows, tl.math.div_rn(1.0, scale), mask=rmask)

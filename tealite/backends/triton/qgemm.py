@@ -48,7 +48,6 @@ candidates against torch._scaled_mm.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -62,7 +61,7 @@ from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
     _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
     _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair)
-from tealite.backends.triton.gemm import _TENSOR_CORE_U, grouped_pid
+from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -280,32 +279,9 @@ def dot_fp8(fmt_a: str, fmt_b: str, device) -> bool:
 
 # ---- configs ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class QGemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
-    # AMD-only launch options (Triton on CUDA rejects them): passed on ROCm only.
-    waves_per_eu: int | None = None
-    matrix_instr_nonkdim: int | None = None
-
-    def launch_options(self) -> dict:
-        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if torch.version.hip is not None and not INTERPRET:
-            if self.waves_per_eu is not None:
-                opts["waves_per_eu"] = self.waves_per_eu
-            if self.matrix_instr_nonkdim is not None:
-                opts["matrix_instr_nonkdim"] = self.matrix_instr_nonkdim
-        return opts
-
-    def name(self) -> str:
-        return (f"{self.block_m}x{self.block_n}x{self.block_k}_g{self.group_m}"
-                f"_w{self.num_warps}_s{self.num_stages}")
-
-
+# Same block / warp / stage fields and ROCm-only launch options as the bf16 GEMM's configs
+# (its TMA / persistent flags stay off here).
+QGemmConfig = GemmConfig
 _C = QGemmConfig
 # Interpreter: small asymmetric blocks so CI shapes (M, N <= 48, K <= 256) span several
 # programs, M/N/K tails, for block scaling several K steps per 128-long scale block, and for

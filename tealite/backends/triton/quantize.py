@@ -26,7 +26,7 @@ import triton.language as tl
 
 from tealite import recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
-from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
+from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
                                              _overflow_constants, _te_scale, _tile_ids,
                                              hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
@@ -63,13 +63,6 @@ CONFIGS = {
 
 
 @triton.jit
-def _mag_max(x):
-    """max |x| over a 1-D block, NaN-propagating: the integer max of the magnitude bits (NaN
-    patterns sort above Inf; tl.max on floats would drop NaN), one reduction."""
-    return tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=0).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _partial_amax_kernel(x_ptr, out_ptr, n, X_BF16: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -79,7 +72,7 @@ def _partial_amax_kernel(x_ptr, out_ptr, n, X_BF16: tl.constexpr, BLOCK: tl.cons
         bits = tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.int32) & 0x7FFF
         tl.store(out_ptr + pid, (tl.max(bits, axis=0) << 16).to(tl.float32, bitcast=True))
     else:
-        tl.store(out_ptr + pid, _mag_max(load_f32(x_ptr, offs, offs < n, X_BF16)))
+        tl.store(out_ptr + pid, _mag_max(load_f32(x_ptr, offs, offs < n, X_BF16), 0))
 
 
 @triton.jit
@@ -109,7 +102,7 @@ def _quantize_tensor_kernel(x_ptr, q_ptr, scale_ptr, amax_ptr, sinv_ptr, pamax_p
     mask = offs < n
     x = load_f32(x_ptr, offs, mask, X_BF16)
     if GIVEN:
-        tl.store(pamax_ptr + pid, _mag_max(x))
+        tl.store(pamax_ptr + pid, _mag_max(x, 0))
     code = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
                       OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
     tl.store(q_ptr + offs, code, mask=mask)
@@ -145,9 +138,7 @@ def _cast_transpose_tensor_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_ptr, sin
     x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
                  rmask[:, None] & cmask[None, :], X_BF16)
     if GIVEN:
-        mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        tl.store(pamax_ptr + pid, tl.max(tl.max(mag, axis=1), axis=0).to(tl.float32,
-                                                                           bitcast=True))
+        tl.store(pamax_ptr + pid, _mag_max(_mag_max(x, 1), 0))
     codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
                        OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
     if ROW:
@@ -168,7 +159,7 @@ def _quantize_row_kernel(x_ptr, q_ptr, sinv_ptr, amax_ptr, K, fmax, eps, POW2: t
     cols = tl.arange(0, BLOCK)
     mask = cols < K
     x = load_f32(x_ptr, row * K + cols, mask, X_BF16)
-    amax = _mag_max(x)
+    amax = _mag_max(x, 0)
     scale = _te_scale(amax, fmax, eps, POW2)
     tl.store(amax_ptr + row, amax)
     tl.store(sinv_ptr + row, tl.math.div_rn(1.0, scale))
@@ -190,11 +181,8 @@ def _rowcol_amax_kernel(x_ptr, rpart_ptr, cpart_ptr, M, K, X_BF16: tl.constexpr,
     cmask = cols < K
     x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
                  rmask[:, None] & cmask[None, :], X_BF16)
-    mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    tl.store(rpart_ptr + pid_n.to(tl.int64) * M + rows,
-             tl.max(mag, axis=1).to(tl.float32, bitcast=True), mask=rmask)
-    tl.store(cpart_ptr + pid_m.to(tl.int64) * K + cols,
-             tl.max(mag, axis=0).to(tl.float32, bitcast=True), mask=cmask)
+    tl.store(rpart_ptr + pid_n.to(tl.int64) * M + rows, _mag_max(x, 1), mask=rmask)
+    tl.store(cpart_ptr + pid_m.to(tl.int64) * K + cols, _mag_max(x, 0), mask=cmask)
 
 
 @triton.jit

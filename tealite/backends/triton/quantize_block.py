@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants,
+from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
                                              _overflow_constants, _te_scale, _tile_ids,
                                              hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
@@ -44,13 +44,6 @@ _TILES = {
     (128, False, True): (128, 128, 8),
     (128, True, True): (128, 128, 8),
 }
-
-
-@triton.jit
-def _mag_max(x, AXIS: tl.constexpr):
-    """max |x| along AXIS, NaN-propagating (integer max of the magnitude bits)."""
-    mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    return tl.max(mag, axis=AXIS).to(tl.float32, bitcast=True)
 
 
 @triton.jit

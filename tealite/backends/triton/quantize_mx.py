@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp8_rounded,
-                                             _fmt_constants, _mx_descale, _mx_scale_constants,
+                                             _fmt_constants, _mag_max, _mx_descale,
+                                             _mx_scale_constants,
                                              _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.formats import ElementRounding, get_format
@@ -43,14 +44,6 @@ MX_BLOCK = 32
 # 16384x8192): rowwise 32x128/4 at 94 % of copy; cast-transpose 64x64/4 at 36 % (MXFP8) and
 # 27 % (MXFP4), against 32 % and 18 % for 128x64/8.
 _TILES = {(True, False): (32, 128, 4), (False, True): (64, 64, 4), (True, True): (64, 64, 4)}
-
-
-@triton.jit
-def _block_amax(xb, AXIS: tl.constexpr):
-    """max |x| along AXIS of a tile of fp32 blocks, NaN-propagating (integer max of the
-    magnitude bits: NaN > Inf > finite)."""
-    mag = xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    return tl.max(mag, axis=AXIS).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -109,7 +102,7 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
     x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
     if ROW:
         xb = tl.reshape(x, (BM, BN // 32, 32))
-        byte = _e8m0_scale(_block_amax(xb, 2), MODE, EMAX, MBITS, FMAX)  # (BM, BN // 32)
+        byte = _e8m0_scale(_mag_max(xb, 2), MODE, EMAX, MBITS, FMAX)  # (BM, BN // 32)
         y = _mx_descale(xb, byte[:, :, None])
         codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
                                       NAN_CODE, SUB_SCALE, HW_FP8), (BM, BN))
@@ -120,7 +113,7 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
                  byte.to(tl.uint8), mask=smask)
     if COL:
         xb = tl.reshape(x, (BM // 32, 32, BN))
-        byte = _e8m0_scale(_block_amax(xb, 1), MODE, EMAX, MBITS, FMAX)  # (BM // 32, BN)
+        byte = _e8m0_scale(_mag_max(xb, 1), MODE, EMAX, MBITS, FMAX)  # (BM // 32, BN)
         y = _mx_descale(xb, byte[:, None, :])
         codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
                                       NAN_CODE, SUB_SCALE, HW_FP8), (BM, BN))
