@@ -4,18 +4,22 @@
 #   ./dev.sh test  [args]  the test suite (pytest; unit + differential tests)
 #   ./dev.sh py    [args]  python inside the project venv
 # The venv lives in .venv (override with TEALITE_VENV).  torch is pinned to the CPU build
-# (pyproject.toml); the install is redone only when pyproject.toml changes.
+# (pyproject.toml); the install is redone only when pyproject.toml or ci/aiter-pin.txt change.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TEALITE_VENV:-.venv}
 PY=${PYTHON:-python3}
 stamp="$VENV/.tealite-installed"
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml ci/aiter-pin.txt | sha256sum | cut -d' ' -f1)
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "dev.sh: setting up $VENV (torch CPU build, test extras)..." >&2
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
   "$VENV/bin/python" -m pip install -q -e ".[test]" >&2
+  # AITER, pinned in ci/aiter-pin.txt (the gate's baseline is for that version): only its
+  # Triton kernels run here, loaded without ROCm, so its runtime deps (pandas, einops, psutil,
+  # pybind11: its JIT / HIP paths) are not installed.  `import aiter` itself needs ROCm.
+  "$VENV/bin/python" -m pip install -q --no-deps -r ci/aiter-pin.txt >&2
   echo "$want" > "$stamp"
 fi
 cmd=${1:-run}

@@ -37,6 +37,17 @@ class ElementRounding(str, enum.Enum):
     TIES_AWAY = "ties_away"  # round to nearest, ties away from zero (AITER Triton MXFP4)
 
 
+class FP8ScaleRule(str, enum.Enum):
+    """How a per-tensor / per-row FP8 scale is derived from amax and applied (fp32)."""
+
+    # TE's compute_scale_from_amax: scale = fmax / amax; codes = cast(x * scale);
+    # scale_inv = 1 / scale is stored.
+    FMAX_OVER_AMAX = "fmax/amax"
+    # AITER's Triton quant kernels: scale_inv = amax / fmax is stored; codes =
+    # cast(x * (1 / scale_inv)).  The two codes differ where the two fp32 roundings differ.
+    AMAX_OVER_FMAX = "amax/fmax"
+
+
 class Saturation(str, enum.Enum):
     """What a cast does with finite values beyond the format's max."""
 

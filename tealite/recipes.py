@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
+from tealite.formats import (ElementRounding, FP8ScaleRule, Saturation, ScaleRounding,
+                             get_format)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Float8CurrentScaling:
     force_pow2_scales: bool = False
     amax_epsilon: float = 0.0
     saturation: Saturation = Saturation.SATURATE
+    scale_rule: FP8ScaleRule = FP8ScaleRule.FMAX_OVER_AMAX  # AITER's kernels: AMAX_OVER_FMAX
     kind = "current"
 
     def __post_init__(self):

@@ -8,6 +8,9 @@
 ``fuzz``   a time-bounded, crash-isolated Hypothesis campaign (tealite_verify/fuzz/); findings
            are saved to a corpus directory; exit 1 on findings, 130 when interrupted.
 ``replay`` re-run one stored finding with full metrics; exit 1 while it still reproduces.
+``gate``   the AITER version gate: ``gate capture --out FILE`` writes a baseline for the
+           installed AITER, ``gate compare --baseline FILE [--aiter PATH]`` fails a candidate
+           that regresses it (tealite_verify/gate/).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from hypothesis import seed as hypothesis_seed
 
 from tealite import registry
 from tealite_verify import profiles
+from tealite_verify.gate import cli as gate_cli
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import SIZES, all_specs, get_spec
 
@@ -291,10 +295,13 @@ def main(argv=None) -> int:
     q.add_argument("--device", default="cpu")
     q.add_argument("--json", action="store_true", help="also print the report as JSON")
     _add_fuzz_parser(sub)
+    gate_cli.add_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "gate" and gate_cli.select_aiter(args):
+        return 2
     profiles.load()
     errors = registry.load_plugins()
     for err in errors:
         print(f"warning: backend plugin failed to load: {err}", file=sys.stderr)
     return {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
-            "replay": cmd_replay}[args.cmd](args)
+            "replay": cmd_replay, "gate": gate_cli.run}[args.cmd](args)

@@ -72,8 +72,21 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "dynamic_per_tensor_quant_fp8_i8": ("quant", "quant.quant"),
     "dynamic_per_token_quant_fp8_i8": ("quant", "quant.quant"),
     "static_per_tensor_quant_fp8_i8": ("quant", "quant.quant"),
+    "gemm_afp4wfp4_preshuffled_scales": ("gemm_afp4wfp4", "gemm.basic.gemm_afp4wfp4"),
+    "gemm_afp4wfp4_preshuffled_weight_scales": ("gemm_afp4wfp4", "gemm.basic.gemm_afp4wfp4"),
     "rms_norm": ("rmsnorm", "normalization.rmsnorm"),
     "layer_norm": ("norm", "normalization.norm"),
+    "rmsnorm2d_fwd_with_dynamicquant": ("rmsnorm", "normalization.rmsnorm"),
+    "layernorm2d_fwd_with_dynamicquant": ("norm", "normalization.norm"),
+    # Private helpers behind the autograd Functions: the only way to AITER's backward kernels.
+    "_rmsnorm_forward": ("rmsnorm", "normalization.rmsnorm"),
+    "_rmsnorm_backward": ("rmsnorm", "normalization.rmsnorm"),
+    "_layernorm_forward": ("norm", "normalization.norm"),
+    "_layernorm_backward": ("norm", "normalization.norm"),
+    "fused_rms_fp8_per_tensor_static_quant": ("fused_fp8_quant", "quant.fused_fp8_quant"),
+    "fused_rms_mxfp4_quant": ("fused_mxfp4_quant", "quant.fused_mxfp4_quant"),
+    "act_mul_and_mxfp4_quant": ("activation", "activation.activation"),
+    "act_mul_and_fp8_group_quant": ("activation", "activation.activation"),
 }
 _ARCH_INFO = "utils._triton.arch_info"
 _DEVICE_INFO = "utils.device_info"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The AITER version gate on the CPU interpreter path (no GPU, no ROCm needed).
+#
+#   ci/aiter_gate.sh compare [AITER_PATH]   re-run the committed baseline's cases against the
+#                                           installed AITER (the pin in ci/aiter-pin.txt, set up
+#                                           by dev.sh) or AITER_PATH (wheel / source tree);
+#                                           exit 1 on a regression
+#   ci/aiter_gate.sh capture                re-capture the baseline for the installed AITER
+#                                           (commit it together with a reviewed pin bump)
+#
+# Reports go to $GATE_OUT (default gate-out/): report.md (the PR comment), report.json and
+# candidate.json (the candidate run, usable as the next baseline).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export TRITON_INTERPRET=1            # AITER's Triton kernels, interpreted on the CPU
+export HYPOTHESIS_PROFILE=ci
+BASELINE=${GATE_BASELINE:-ci/baselines/aiter-gate-cpu-interpreter.json}
+OUT=${GATE_OUT:-gate-out}
+mkdir -p "$OUT"
+cmd=${1:-compare}
+case "$cmd" in
+  capture)
+    ./dev.sh py -m tealite_verify gate capture --out "$BASELINE" ;;
+  compare)
+    aiter_arg=()
+    if [ $# -ge 2 ]; then aiter_arg=(--aiter "$2"); fi
+    ./dev.sh py -m tealite_verify gate compare --baseline "$BASELINE" "${aiter_arg[@]}" \
+      --markdown "$OUT/report.md" --json "$OUT/report.json" \
+      --candidate-out "$OUT/candidate.json" ;;
+  *) echo "usage: ci/aiter_gate.sh {compare [AITER_PATH]|capture}" >&2; exit 2 ;;
+esac

@@ -1,0 +1,70 @@
+"""AITER's Triton kernels as a tealite backend (``aiter_triton``).
+
+The kernels are AMD's own code (``aiter/ops/triton``), loaded by
+:mod:`tealite.backends.aiter._triton_loader`: on ROCm from the real package, elsewhere without
+ROCm (arch pinned, AMD-only launch options dropped), on an NVIDIA GPU natively or on the CPU
+in Triton's interpreter (``TRITON_INTERPRET=1``).  So CI exercises AITER's real kernel code.
+
+Nothing is imported from AITER until a kernel is first called (:func:`kernels`); the probe
+only looks for a source.  Each family module declares, per AITER entry point, the contract it
+follows (:mod:`tealite.backends.aiter.contracts`) and reports the entry point it ran in the
+case's numerics (``"entry_point"``).  An entry point that the installed AITER lacks (modules
+move between versions) makes the case unsupported with the loader's reason: never a silent
+fallback to another path (:func:`why_missing`).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from tealite.backends.aiter import _triton_loader as loader
+from tealite.registry import Backend, register_backend
+
+NAME = "aiter_triton"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _probe() -> str | None:
+    if not HAVE_TRITON:
+        return "triton is not installed"
+    why = loader.why_unavailable()
+    if why is not None:
+        return why
+    if INTERPRET:
+        return None
+    import torch
+    if not torch.cuda.is_available():
+        return "no GPU (set TRITON_INTERPRET=1 to run AITER's kernels in Triton's interpreter)"
+    return None
+
+
+DEVICES = ("cpu",) if INTERPRET else ("cuda",)
+
+BACKEND = register_backend(Backend(
+    name=NAME, probe=_probe, auto_dispatch=False,
+    description="AITER's Triton kernels (aiter/ops/triton), loaded without ROCm where needed"))
+
+
+def kernels() -> loader.AiterTriton:
+    """The loaded AITER Triton entry points (loads on first use)."""
+    return loader.load()
+
+
+def why_missing(*entry_points: str) -> str | None:
+    """None when the installed AITER has every named entry point, else which and why not."""
+    at = kernels()
+    gone = [f"{e}: {at.missing.get(e, 'not in the loader table')}" for e in entry_points
+            if not at.has(e)]
+    if not gone:
+        return None
+    return f"AITER {at.version or '(unknown version)'} lacks " + "; ".join(gone)
+
+
+if HAVE_TRITON:
+    # Every public module of this package registers its implementations on import.
+    import importlib as _importlib
+    import pkgutil as _pkgutil
+    for _mod in _pkgutil.iter_modules(__path__):
+        if not _mod.name.startswith("_"):
+            _importlib.import_module(f"{__name__}.{_mod.name}")

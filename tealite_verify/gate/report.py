@@ -1,0 +1,67 @@
+"""The gate's Markdown (for a pull-request comment) and JSON reports."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from tealite_verify.gate.compare import Result
+
+
+def _aiter_line(doc: dict) -> str:
+    a = doc["aiter"]
+    if not a.get("found"):
+        return f"AITER not found ({a.get('reason')})"
+    return (f"amd-aiter {a.get('version')} from {a.get('root')} ({a.get('found_via')}), "
+            f"arch {a.get('arch')}")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return out
+
+
+def markdown(base: dict, cand: dict, res: Result) -> str:
+    verdict = "PASS" if res.passed else "FAIL"
+    lines = [f"## AITER gate: {verdict}", "",
+             f"- baseline: {_aiter_line(base)} (captured {base.get('created')})",
+             f"- candidate: {_aiter_line(cand)}",
+             f"- cases: {len(cand['cases'])} on {cand['settings']['device']}; error growth "
+             f"limit {res.factor:g}x (ratios below {res.floor:g} count as {res.floor:g})",
+             f"- {len(res.regressions)} regression(s), {len(res.improvements)} improvement(s), "
+             f"{res.unchanged} key(s) unchanged", ""]
+    if res.regressions:
+        lines += ["### Regressions", ""]
+        lines += _table(["kind", "where", "detail"],
+                        [[f.kind, f.where, f.detail[:300]] for f in res.regressions])
+        lines.append("")
+    if res.improvements:
+        lines += ["### Improvements", ""]
+        lines += _table(["kind", "where", "detail"],
+                        [[f.kind, f.where, f.detail[:300]] for f in res.improvements])
+        lines.append("")
+    lines += ["### Per key (candidate)", ""]
+    rows = []
+    for key, e in cand["entries"].items():
+        old = base["entries"].get(key, {})
+        rows.append([key, ", ".join(e["entry_points"]) or "-", f"{e['pass']}/{e['ran']}",
+                     e["fail"] + e["error"], e["unsupported"], old.get("max_ratio", "-"),
+                     e["max_ratio"]])
+    lines += _table(["op / backend / recipe / dtype / shape", "entry points", "pass/ran",
+                     "fail", "unsupported", "err/tol before", "err/tol now"], rows)
+    diffs = cand.get("contract_differences", [])
+    if diffs:
+        lines += ["", "### Contract differences from TransformerEngine (declared)", ""]
+        lines += _table(["backend", "entry point", "op", "field", "AITER", "TE", "notes"],
+                        [[d["backend"], d["entry_point"], d["op"], d["field"], d["aiter"],
+                          d["te"], d["notes"][:200]] for d in diffs])
+    return "\n".join(lines) + "\n"
+
+
+def to_json(base: dict, cand: dict, res: Result) -> dict:
+    return {"passed": res.passed, "factor": res.factor, "floor": res.floor,
+            "regressions": [asdict(f) for f in res.regressions],
+            "improvements": [asdict(f) for f in res.improvements],
+            "unchanged_keys": res.unchanged,
+            "baseline": {"aiter": base["aiter"], "created": base.get("created"),
+                         "versions": base.get("versions")},
+            "candidate": cand}
