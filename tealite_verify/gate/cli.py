@@ -29,6 +29,11 @@ def add_parser(sub) -> None:
     c.add_argument("--per-op", type=int, default=12, help="cases kept per op and backend")
     c.add_argument("--draws", type=int, default=300, help="strategy draws per op")
     c.add_argument("--peer", action="append", help="peer backends (default: torch)")
+    t = gsub.add_parser("contracts", help="every AITER entry point's declared contract and "
+                                          "where it differs from TE (Markdown)")
+    t.add_argument("--observe", action="store_true",
+                   help="also probe the loaded AITER for the contracts it follows")
+    t.add_argument("--device", default="cpu")
     m = gsub.add_parser("compare", help="re-run a baseline's cases against a candidate AITER")
     m.add_argument("--baseline", required=True)
     m.add_argument("--aiter", help="candidate AITER wheel / source tree / package dir "
@@ -59,11 +64,12 @@ def _write(path: str, doc) -> None:
 
 def select_aiter(args) -> int:
     """Point the loader at ``--aiter`` before anything loads AITER; 2 on a bad path."""
-    if args.aiter:
-        if not os.path.exists(args.aiter):
-            print(f"--aiter: no such file or directory: {args.aiter}", file=sys.stderr)
+    aiter = getattr(args, "aiter", None)
+    if aiter:
+        if not os.path.exists(aiter):
+            print(f"--aiter: no such file or directory: {aiter}", file=sys.stderr)
             return 2
-        os.environ[ENV_PATH] = os.path.abspath(args.aiter)
+        os.environ[ENV_PATH] = os.path.abspath(aiter)
     return 0
 
 
@@ -71,6 +77,11 @@ def run(args) -> int:
     if select_aiter(args):
         return 2
     from tealite_verify.gate import capture, compare, report
+    if args.gate_cmd == "contracts":
+        from tealite_verify.gate import observe
+        print(report.contracts_markdown(observe.observe_all(args.device) if args.observe
+                                        else None))
+        return 0
     if args.gate_cmd == "capture":
         doc = capture.capture(ops=args.op, device=args.device, seed=args.seed,
                               per_key=args.per_key, per_op=args.per_op, draws=args.draws,

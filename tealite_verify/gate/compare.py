@@ -78,7 +78,7 @@ def _cases(base: dict, cand: dict, res: Result) -> None:
     new_by_index = {r["index"]: r for r in cand["cases"]}
     for old in base["cases"]:
         new = new_by_index.get(old["index"])
-        where = f"case {old['index']} [{old['key']}]"
+        where = f"case {old['index']} [{old['key']}] {old['entry_point'] or ''}".rstrip()
         if new is None:
             res.regressions.append(Finding("vanished", where, "case not run"))
             continue

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from tealite.backends.aiter import contracts as aiter_contracts
 from tealite_verify.gate.compare import Result
 
 
@@ -65,3 +66,25 @@ def to_json(base: dict, cand: dict, res: Result) -> dict:
             "baseline": {"aiter": base["aiter"], "created": base.get("created"),
                          "versions": base.get("versions")},
             "candidate": cand}
+
+
+def contracts_markdown(observed: dict | None = None) -> str:
+    """Declared contracts of every AITER entry point, the differences from TE, and (when
+    given) what probing observed."""
+    lines = ["### AITER entry points and their declared contracts", ""]
+    rows = [[c.backend, c.entry_point, c.op, c.fp8 or "-", c.scale_rule or "-",
+             c.element_rounding or "-", c.saturation or "-", "; ".join(c.layouts) or "-"]
+            for c in aiter_contracts.contracts()]
+    lines += _table(["backend", "entry point", "op", "fp8", "scale rule", "elements",
+                     "saturation", "layouts"], rows)
+    lines += ["", "### Contract differences from TransformerEngine", ""]
+    diffs = aiter_contracts.differences_from_te()
+    lines += _table(["backend", "entry point", "op", "field", "AITER", "TE", "notes"],
+                    [[d["backend"], d["entry_point"], d["op"], d["field"], d["aiter"], d["te"],
+                      d["notes"]] for d in diffs]) if diffs else ["(none declared)"]
+    if observed is not None:
+        lines += ["", "### Observed by probing the loaded AITER", ""]
+        lines += _table(["entry point", "probe", "conventions reproduced bit-exactly", "error"],
+                        [[k, v.get("probe", "-"), ", ".join(v["matches"]) or "none",
+                          v.get("error", "")] for k, v in observed.items()])
+    return "\n".join(lines) + "\n"
