@@ -12,6 +12,21 @@ Common scale rule for the non-MX recipes (TE's ``compute_scale_from_amax``), in 
     scale = 2^floor(log2 scale)  if force_pow2_scales (mantissa bits cleared: rounds DOWN)
     codes = cast(x * scale) with RNE;  scale_inv = 1 / scale (fp32) is stored
 
+``Float8CurrentScaling(scale_rule=FP8ScaleRule.AMAX_OVER_FMAX)`` is AITER's rule instead (its
+Triton quant kernels ``dynamic_per_tensor_quant_fp8_i8`` / ``dynamic_per_token_quant_fp8_i8``),
+in fp32, with no epsilon and no power-of-two rounding::
+
+    amax      = max |x| ignoring NaN (per row; a row of only NaN has amax NaN); per tensor,
+                the max of the row amaxes with NaN winning (AITER's integer atomic max)
+    scale_inv = amax / fmt.max             (fp32 division; stored)
+    codes     = cast(x * (1 / scale_inv))  (fp32 reciprocal, fp32 product, RNE)
+
+and nothing else: amax == 0 gives scale_inv 0, reciprocal inf and NaN codes (0 * inf);
+amax == Inf gives scale_inv Inf, reciprocal 0, codes +-0 (NaN for +-Inf elements); a NaN
+amax gives NaN everywhere.  The two rules' codes differ wherever fl(fl(1/fl(amax/max)) * x)
+and fl(fl(max/amax) * x) round differently.  AITER's kernels report no amax, so ``quantize``
+returns ``amax=None`` under this rule.
+
 MX recipes store one E8M0 scale per block of 32 consecutive elements along the row and
 codes = round(x / 2^e) with the recipe's element rounding, always saturating (OCP MX spec).
 Rowwise quantization blocks along the last dim; columnwise quantization is the rowwise
@@ -41,6 +56,18 @@ class Float8CurrentScaling:
         _check_fp8(self.fmt)
         if self.granularity not in ("tensor", "row"):
             raise ValueError(f"granularity must be 'tensor' or 'row', got {self.granularity!r}")
+        try:
+            rule = FP8ScaleRule(self.scale_rule)
+        except ValueError:
+            raise ValueError(f"scale_rule must be one of {[r.value for r in FP8ScaleRule]}, "
+                             f"got {self.scale_rule!r}") from None
+        object.__setattr__(self, "scale_rule", rule)
+        if rule is FP8ScaleRule.AMAX_OVER_FMAX and (self.force_pow2_scales
+                                                    or self.amax_epsilon != 0.0):
+            # AITER's kernels have neither; a variant no kernel follows is not a recipe.
+            raise ValueError("scale_rule AMAX_OVER_FMAX (AITER's) has no force_pow2_scales and "
+                             "no amax_epsilon: they must be False and 0.0, got "
+                             f"{self.force_pow2_scales!r} and {self.amax_epsilon!r}")
 
 
 @dataclass(frozen=True)
@@ -170,7 +197,11 @@ def describe(recipe) -> str:
         return (f"mx[{recipe.fmt},{recipe.scale_rounding.value},"
                 f"{recipe.element_rounding.value}]")
     if isinstance(recipe, Float8CurrentScaling):
-        return f"current[{recipe.fmt},{recipe.granularity},pow2={recipe.force_pow2_scales}]"
+        # TE's rule keeps the name it always had (stored corpora and repros refer to it).
+        rule = "" if recipe.scale_rule is FP8ScaleRule.FMAX_OVER_AMAX else \
+            f",{recipe.scale_rule.value}"
+        return f"current[{recipe.fmt},{recipe.granularity},pow2={recipe.force_pow2_scales}" \
+               f"{rule}]"
     if isinstance(recipe, Float8BlockScaling):
         return f"block[{recipe.fmt},{recipe.block[0]}x{recipe.block[1]}," \
                f"pow2={recipe.force_pow2_scales}]"

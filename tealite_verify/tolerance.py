@@ -37,7 +37,10 @@ Declared numerics (``Backend.implements(numerics=...)``) read here:
 for Hopper FP8 WGMMA), ``operands_dequantized_to`` (dtype: quantized operands were dequantized
 with one rounding before the matmul), ``alignment_floor`` (dtype: the accumulator aligns
 products at the operands' exponents with subnormal operands counted at the format's smallest
-normal exponent, so the accumulation error scales with :func:`aligned_magnitude`).  Every operation also gets an absolute
+normal exponent, so the accumulation error scales with :func:`aligned_magnitude`),
+``epilogue_in_accumulator`` (bool: the bias / beta C seeds the accumulator and is summed with
+every product, as AITER's gemm_a16w16 does, instead of being added once at the end).  Every
+operation also gets an absolute
 underflow term (Higham's eta, widened to the smallest normal: see ``underflow_error``).
 
 Overflow: where the reference lies beyond the output dtype's overflow threshold by more than the
@@ -338,6 +341,10 @@ def gemm_tolerances(p_abs, p, pre, k: int, out_dtype, numerics, *, alpha: float,
     """
     u_c = unit_roundoff(compute_dtype(numerics))
     e_p = gemm_error(p_abs, p, k, numerics)
+    if numerics.get("epilogue_in_accumulator") and k > 0:
+        # The epilogue term rides through all K accumulations (Higham: gamma_K of it).
+        u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))
+        e_p = e_p + gamma(k, u_acc) * epilogue_abs
     e_pre = abs(alpha) * e_p + 3 * u_c * (abs(alpha) * (np.abs(p) + e_p) + epilogue_abs)
     tol = {"pre": e_pre + 0.5 * ulp(out_dtype, np.abs(pre) + e_pre)}
     if gelu_out is None:

@@ -27,6 +27,36 @@ codes
     (a NaN from overflow, +-0 inside the range) compare by value; an endpoint's own code
     matches bit for bit.  Codes under an MX NaN scale (0xFF) are unspecified, as in quantize.
 
+AITER's scale rule (recipe ``"scale_rule": "amax/fmax"``): the kernel stores
+scale_inv = fl32(amax / max) and multiplies by r = fl32(1 / scale_inv); no amax is reported
+(it must be absent).  scale_inv must lie in the range the rule reaches from the row's amax
+interval, and the codes are judged under the backend's own scale_inv: between the casts of
+fl32(y * r) over the y interval's endpoints and r's allowed values (y * r is monotone in each).
+
+Declared numerics read here (``Backend.implements(numerics=...)``), besides the y bound's:
+
+``fp32_div_ulps`` (int, default 0)
+    The error, in ulps, of the backend's fp32 divisions amax / max and 1 / scale_inv (and
+    1 / scale below): 0 is IEEE (the interpreter); 2 is CUDA's ``div.full.f32`` (Triton's
+    ``/``).  The same key as the plain quantize spec's (specs/quantize.py).
+``scale_inv_zero_as_one`` (bool)
+    AITER's rule with ``scale_inv = 1`` wherever amax / max is 0 (AITER's fused norm kernels:
+    ``tl.where(scale == 0, 1, scale)``; its plain quant kernels and tealite.quantize keep the
+    0 and write NaN codes).
+``amax_floor`` (float)
+    AITER's rule on max(amax, floor) (AITER's FP8 group-quant kernels floor amax at 1e-10).
+``given_scale_as_scale_inv`` (bool)
+    Given-scale FP8 whose kernel takes the dequantization scale: the backend passes
+    scale_inv = fl32(1 / scale) and the kernel multiplies by fl32(1 / scale_inv) (within
+    ``fp32_div_ulps``), which need not be ``scale`` again.
+``mx_nonfinite`` ("nan-scale" default | "ignore-nan")
+    As in specs/quantize.py; the fused judge has only the "nan-scale" rule for blocks whose y
+    holds NaN / Inf (the norm / activation specs draw finite y): "ignore-nan" with such a
+    block is reported as not judged (a failure), never passed.
+
+Outputs the case does not require (``amax_required=False``: the op was called with
+``return_amax=False``) may be absent; when present they are judged.
+
 e = 0 makes every check bit-exact against references/fused.py's quantize_rows (except the
 RCEIL byte excuse above, which the plain quantize tier grants for the same input).  Codes that
 differ from the quantization of round32(y_ref) under the backend's scale but lie inside the
@@ -139,6 +169,62 @@ def row_scale(amax, recipe: dict) -> np.ndarray:
                                    amax_epsilon=recipe.get("amax_epsilon", 0.0))
 
 
+AITER_RULE = "amax/fmax"
+
+
+def _ulps(numerics) -> int:
+    return int(numerics.get("fp32_div_ulps", 0))
+
+
+def _nudge(v, steps: int, toward) -> np.ndarray:
+    """fp32 ``v`` moved ``steps`` representable values toward ``toward`` (finite values)."""
+    v = np.asarray(v, F32)
+    for _ in range(steps):
+        v = np.where(np.isfinite(v), np.nextafter(v, F32(toward)), v).astype(F32)
+    return v
+
+
+def aiter_scale_inv_range(a_lo, a_hi, fmt: str, numerics) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi] of the scale_inv AITER's rule reaches from amax in [a_lo, a_hi]: fl32(amax /
+    max) is monotone in amax; widened by ``fp32_div_ulps`` representable values each way."""
+    floor = F32(numerics.get("amax_floor", 0.0))
+    lo = qref.aiter_scale_inv(np.maximum(np.asarray(a_lo, F32), floor), fmt)
+    hi = qref.aiter_scale_inv(np.maximum(np.asarray(a_hi, F32), floor), fmt)
+    ulps = _ulps(numerics)
+    return _nudge(lo, ulps, 0.0), _nudge(hi, ulps, np.inf)
+
+
+def check_aiter_scale_inv(actual, a_lo, a_hi, central, fmt: str, numerics) -> Metrics:
+    """scale_inv (rows,) within :func:`aiter_scale_inv_range`; with ``scale_inv_zero_as_one``
+    a 0 there reads 1 (and 0 itself is wrong); NaN exactly where the amax interval is NaN."""
+    got = np.asarray(actual, F32)
+    if got.shape != np.shape(a_lo):
+        return malformed(f"scale_inv shape {got.shape} != expected {np.shape(a_lo)}")
+    lo, hi = aiter_scale_inv_range(a_lo, a_hi, fmt, numerics)
+    with np.errstate(invalid="ignore"):
+        ok = (got >= lo) & (got <= hi)
+        if numerics.get("scale_inv_zero_as_one"):
+            # ftz hardware flushes a subnormal quotient to 0 too (then 1 is right).
+            can_be_zero = (lo <= 0) | ((_ulps(numerics) > 0) & (lo < np.finfo(F32).tiny))
+            ok = (ok & (got != 0)) | (can_be_zero & (got == 1))
+        nan_ref = np.isnan(lo) | np.isnan(hi)
+        ok = np.where(nan_ref, np.isnan(got), ok)
+    c = qref.aiter_scale_inv(np.asarray(central, F32), fmt)
+    return _interval_metrics("scale-interval", ok, got.astype(np.float64), lo.astype(np.float64),
+                             hi.astype(np.float64), c.astype(np.float64),
+                             excused=int((ok & (got != c)).sum()))
+
+
+def recip_range(scale_inv, numerics) -> tuple[np.ndarray, np.ndarray]:
+    """[lo, hi] of the fp32 reciprocal a kernel computes of ``scale_inv`` (exact with 0 ulps)."""
+    ulps = _ulps(numerics)
+    with np.errstate(over="ignore", divide="ignore"):  # 1/0 and 1/subnormal are Inf: right
+        if not ulps:
+            r = qref.reciprocal(scale_inv)
+            return r, r
+        return qref.recip_ulp_bounds(scale_inv, ulps)
+
+
 def check_scale_inv(actual, scale) -> Metrics:
     """scale_inv == fl32(1 / scale) bit for bit (``scale``: the one the codes were made with)."""
     want = qref.reciprocal(scale)
@@ -158,9 +244,11 @@ def _ordered(values, endpoint) -> np.ndarray:
     return np.where(np.isnan(values), beyond, values)
 
 
-def codes_within(bits, c_lo, c_hi, c_mid, fmt: str, lo, hi, *, live=None) -> Metrics:
+def codes_within(bits, c_lo, c_hi, c_mid, fmt: str, lo, hi, *, live=None,
+                 nan_allowed=None) -> Metrics:
     """The ``code-interval`` verdict on code bits given the endpoint codes c_lo, c_hi (made
-    under the backend's scale) and the code of round32(y_ref) c_mid (for reporting)."""
+    under the backend's scale) and the code of round32(y_ref) c_mid (for reporting);
+    ``nan_allowed`` marks elements where a NaN code is also right."""
     bits, c_lo, c_hi, c_mid = (np.asarray(b, np.uint8) for b in (bits, c_lo, c_hi, c_mid))
     va, vlo, vhi, vmid = (qref.decode(b, fmt) for b in (bits, c_lo, c_hi, c_mid))
     nan_ref = np.isnan(np.asarray(lo, F32)) | np.isnan(np.asarray(hi, F32))
@@ -168,6 +256,8 @@ def codes_within(bits, c_lo, c_hi, c_mid, fmt: str, lo, hi, *, live=None) -> Met
     with np.errstate(invalid="ignore"):
         between = np.isfinite(va) & (olo < va) & (va < ohi)
         nan_ok = np.isnan(va) & (np.isnan(vlo) | np.isnan(vhi))
+        if nan_allowed is not None:
+            nan_ok = nan_ok | (np.isnan(va) & nan_allowed)
     ok = np.where(nan_ref, np.isnan(va), (bits == c_lo) | (bits == c_hi) | between | nan_ok)
     live = np.ones(bits.shape, bool) if live is None else live
     excused = int((ok & live & (bits != c_mid) & ~(np.isnan(va) & np.isnan(vmid))).sum())
@@ -183,6 +273,28 @@ def fp8_code_bounds(lo, hi, y_mid, scale, fmt: str, saturate: bool):
 def check_fp8_codes(bits, lo, hi, y_mid, scale, fmt: str, saturate: bool) -> Metrics:
     c_lo, c_hi, c_mid = fp8_code_bounds(lo, hi, y_mid, scale, fmt, saturate)
     return codes_within(bits, c_lo, c_hi, c_mid, fmt, lo, hi)
+
+
+def check_fp8_codes_scaled_by(bits, lo, hi, y_mid, r_lo, r_hi, fmt: str,
+                              saturate: bool) -> Metrics:
+    """Codes of fl32(y * r) cast RNE for y in [lo, hi] and r in [r_lo, r_hi] (r >= 0, maybe
+    Inf): between the casts of the smallest and largest of the four corner products (the
+    product is monotone in each factor); a NaN code is allowed where a corner (or
+    round32(y_ref) * r) is NaN (0 * Inf)."""
+    if np.array_equal(r_lo, r_hi) and np.isfinite(r_lo).all():
+        return check_fp8_codes(bits, lo, hi, y_mid, r_lo, fmt, saturate)
+    with np.errstate(invalid="ignore", over="ignore"):
+        corners = np.stack([(np.asarray(y, F32) * np.asarray(r, F32)).astype(F32)
+                            for y in (lo, hi) for r in (r_lo, r_hi)])
+        v_mid = (np.asarray(y_mid, F32) * np.asarray(r_lo, F32)).astype(F32)
+        v_lo, v_hi = np.nanmin(corners, axis=0), np.nanmax(corners, axis=0)
+    c_lo, c_hi, c_mid = (qref.codes_to_bits(qref.round_elements(v, fmt, saturate=saturate))
+                         for v in (v_lo, v_hi, v_mid))
+    nan_corner = np.isnan(corners).any(axis=0) | np.isnan(v_mid)
+    # The interval ends for NaN-ness of y_ref itself are the y interval's, not the products'.
+    y_nan = np.isnan(np.asarray(lo, F32)) | np.isnan(np.asarray(hi, F32))
+    ends = [np.where(y_nan, np.nan, v) for v in (v_lo, v_hi)]
+    return codes_within(bits, c_lo, c_hi, c_mid, fmt, *ends, nan_allowed=nan_corner)
 
 
 # ---- MX ------------------------------------------------------------------------------------
@@ -233,12 +345,15 @@ class FusedQuantJudge:
     """Judges one backend's (data, scale_inv, amax) for a fused recipe, given y_ref (rows, N)
     and ``bound(numerics)``: the per-element e for that backend's declared numerics."""
 
-    def __init__(self, y_ref, bound, recipe: dict, scale=None):
+    def __init__(self, y_ref, bound, recipe: dict, scale=None, *, amax_required: bool = True):
         self.y = np.asarray(y_ref, np.float64)
         self.bound = bound
         self.recipe = recipe
         self.scale = None if scale is None else np.asarray(scale, F32).reshape(1)
         self.y_mid = fref.round_to_f32(self.y)
+        self.amax_required = amax_required
+        self.aiter_rule = recipe["kind"] == "current" and \
+            recipe.get("scale_rule", fref.TE_RULE) == AITER_RULE
         self._cache: dict = {}
 
     # The interval for a backend's numerics (cached: three outputs share it).
@@ -258,15 +373,19 @@ class FusedQuantJudge:
         return _max(a_lo, 1), _max(a_hi, 1), _max(m_hi, 1)
 
     def _codes(self, outputs):
+        """Code bits (rows, N), unpacked for e2m1, or the reason they are malformed."""
         data = outputs.get("data")
         fmt = get_format(self.recipe["fmt"])
         if data is None:
             return "output 'data' missing"
-        if data.dtype != fmt.torch_dtype:
-            return f"data dtype {data.dtype} != {fmt.torch_dtype} for {fmt.name}"
-        if tuple(data.shape) != self.y.shape:
-            return f"data shape {tuple(data.shape)} != expected {self.y.shape}"
-        return data.detach().cpu().contiguous().view(torch.uint8).numpy()
+        rows, n = self.y.shape
+        want = (torch.uint8, (rows, -(-n // 2))) if fmt.packed else (fmt.torch_dtype, (rows, n))
+        if data.dtype != want[0]:
+            return f"data dtype {data.dtype} != {want[0]} for {fmt.name}"
+        if tuple(data.shape) != want[1]:
+            return f"data shape {tuple(data.shape)} != expected {want[1]} (y {self.y.shape})"
+        bits = data.detach().cpu().contiguous().view(torch.uint8).numpy()
+        return qref.unpack_e2m1(bits, n) if fmt.packed else bits
 
     def _tensor(self, outputs, name, dtype):
         t = outputs.get(name)
@@ -276,16 +395,38 @@ class FusedQuantJudge:
             return f"{name} dtype {t.dtype} != {dtype}"
         return t.detach().cpu().numpy()
 
-    def _backend_scale(self, outputs):
-        """The fp32 scale the backend's codes were made with (per element), or a reason."""
+    def _recips(self, outputs, numerics):
+        """(r_lo, r_hi): the fp32 multipliers the backend's codes were made with, per element
+        (equal unless a declared approximate division widens them), or a reason."""
+        rows = self.y.shape
         if self.recipe["kind"] == "delayed":
-            return np.broadcast_to(self.scale[0], self.y.shape)
+            if numerics.get("given_scale_as_scale_inv"):
+                r_lo, r_hi = recip_range(qref.reciprocal(self.scale), numerics)
+            else:
+                r_lo = r_hi = self.scale
+            return np.broadcast_to(r_lo[0], rows), np.broadcast_to(r_hi[0], rows)
+        if self.aiter_rule:
+            sinv = self._tensor(outputs, "scale_inv", torch.float32)
+            if isinstance(sinv, str):
+                return sinv
+            if sinv.shape != rows[:1]:
+                return f"scale_inv shape {sinv.shape} != expected {rows[:1]}"
+            r_lo, r_hi = recip_range(sinv, numerics)
+            return np.broadcast_to(r_lo[:, None], rows), np.broadcast_to(r_hi[:, None], rows)
         amax = self._tensor(outputs, "amax", torch.float32)
         if isinstance(amax, str):
-            return amax
-        if amax.shape != self.y.shape[:1]:
-            return f"amax shape {amax.shape} != expected {self.y.shape[:1]}"
-        return np.broadcast_to(row_scale(amax, self.recipe)[:, None], self.y.shape)
+            return amax + " (the per-row scale under TE's rule is judged from it)"
+        if amax.shape != rows[:1]:
+            return f"amax shape {amax.shape} != expected {rows[:1]}"
+        r = np.broadcast_to(row_scale(amax, self.recipe)[:, None], rows)
+        return r, r
+
+    def _nonfinite_unjudged(self, numerics) -> str | None:
+        policy = numerics.get("mx_nonfinite", "nan-scale")
+        if policy == "nan-scale" or np.isfinite(self.y).all():
+            return None
+        return (f"mx_nonfinite={policy!r} with NaN/Inf in y: the fused judge has only the "
+                "nan-scale rule (not judged)")
 
     def check_data(self, outputs, numerics) -> Metrics:
         bits = self._codes(outputs)
@@ -294,6 +435,9 @@ class FusedQuantJudge:
         lo, hi, _, _ = self.intervals(numerics)
         r = self.recipe
         if r["kind"] == "mx":
+            why = self._nonfinite_unjudged(numerics)
+            if why:
+                return malformed(why)
             scales = self._tensor(outputs, "scale_inv", torch.uint8)
             if isinstance(scales, str):
                 return malformed(scales)
@@ -302,15 +446,18 @@ class FusedQuantJudge:
                                  f"{self.y.shape}")
             return check_mx_codes(bits, scales, lo, hi, self.y_mid, r["fmt"],
                                   r["element_rounding"])
-        scale = self._backend_scale(outputs)
-        if isinstance(scale, str):
-            return malformed(scale)
-        return check_fp8_codes(bits, lo, hi, self.y_mid, scale, r["fmt"],
-                               r.get("saturation", "saturate") == "saturate")
+        recips = self._recips(outputs, numerics)
+        if isinstance(recips, str):
+            return malformed(recips)
+        return check_fp8_codes_scaled_by(bits, lo, hi, self.y_mid, *recips, r["fmt"],
+                                         r.get("saturation", "saturate") == "saturate")
 
     def check_scale_inv(self, outputs, numerics) -> Metrics:
         r = self.recipe
         if r["kind"] == "mx":
+            why = self._nonfinite_unjudged(numerics)
+            if why:
+                return malformed(why)
             scales = self._tensor(outputs, "scale_inv", torch.uint8)
             if isinstance(scales, str):
                 return malformed(scales)
@@ -323,12 +470,22 @@ class FusedQuantJudge:
             return malformed(sinv)
         if r["kind"] == "delayed":
             return check_scale_inv(sinv, self.scale)
+        if self.aiter_rule:
+            return check_aiter_scale_inv(sinv, *self._amax_interval(numerics), r["fmt"],
+                                         numerics)
         amax = self._tensor(outputs, "amax", torch.float32)
         if isinstance(amax, str):
             return malformed(amax)
         return check_scale_inv(sinv, row_scale(amax, r))
 
     def check_amax(self, outputs, numerics) -> Metrics:
+        if self.aiter_rule:
+            if outputs.get("amax") is not None:
+                return malformed("amax must be None under scale_rule amax/fmax (AITER's rule "
+                                 "reports none)")
+            return Metrics("absent", 0, 0, 0.0, 0.0)
+        if outputs.get("amax") is None and not self.amax_required:
+            return Metrics("absent", 0, 0, 0.0, 0.0, note="not requested (return_amax=False)")
         amax = self._tensor(outputs, "amax", torch.float32)
         if isinstance(amax, str):
             return malformed(amax)
@@ -343,13 +500,18 @@ class FusedQuantJudge:
             return lambda ox, oy, nx, ny: combine_pair(check(ox, nx), check(oy, ny))
 
         mx = self.recipe["kind"] == "mx"
-        out = {"data": Expected(reference["bits"], torch.uint8, TIER, check=self.check_data,
+        bits = reference["bits"]
+        if get_format(self.recipe["fmt"]).packed:
+            bits = qref.pack_e2m1(bits)
+        out = {"data": Expected(bits, torch.uint8, TIER, check=self.check_data,
                                 check_pair=pair(self.check_data)),
                "scale_inv": Expected(reference["scale_inv"], torch.uint8 if mx else torch.float32,
-                                     "e8m0-interval" if mx else "exact",
+                                     "e8m0-interval" if mx else
+                                     "scale-interval" if self.aiter_rule else "exact",
                                      check=self.check_scale_inv,
                                      check_pair=pair(self.check_scale_inv))}
         if not mx:
-            out["amax"] = Expected(reference["amax"], torch.float32, "amax-interval",
+            out["amax"] = Expected(reference["amax"], torch.float32,
+                                   "absent" if self.aiter_rule else "amax-interval",
                                    check=self.check_amax, check_pair=pair(self.check_amax))
         return out

@@ -80,6 +80,26 @@ def test_a_kernel_parameter_of_the_same_name_is_kept():
     assert k.seen[1] == {"grid": (1,), "warmup": False, "kpack": 2}
 
 
+def test_interpreted_launch_grids_become_tuples():
+    """AITER writes some grids as lists (``lambda meta: [n]``); the interpreter needs tuples."""
+    k = _FakeKernel()
+    L._wrap_launch(k, (), unchecked_assume=False, interpreted=True)
+    k.run(grid=lambda meta: [3], warmup=False)
+    assert k.seen[1]["grid"]({}) == (3,)
+    k.run(grid=[2, 1], warmup=False)
+    assert k.seen[1]["grid"] == (2, 1)
+    compiled = _FakeKernel()
+    L._wrap_launch(compiled, (), unchecked_assume=False)
+    compiled.run(grid=[2], warmup=False)
+    assert compiled.seen[1]["grid"] == [2]  # the GPU launcher indexes lists: left alone
+
+
+def test_hard_coded_cuda_allocations_land_on_the_cpu_without_a_gpu():
+    t = L._TorchAllocatingOnCpu(torch)
+    assert t.empty(2, 3, device="cuda", dtype=torch.float32).device.type == "cpu"
+    assert t.empty(1).device.type == "cpu" and t.float32 is torch.float32
+
+
 def test_missing_sources_are_reported(tmp_path, monkeypatch):
     with pytest.raises(L.AiterNotFound, match="aiter/ops/triton"):
         L.find_source(tmp_path)
@@ -121,7 +141,10 @@ def test_load_accounts_for_every_entry_point(at):
     assert set(at.functions) | set(at.missing) == set(L.ENTRY_POINTS)
     assert not set(at.functions) & set(at.missing)
     for name in ("gemm_a16w16", "gemm_a8w8", "dynamic_mxfp4_quant", "rms_norm", "layer_norm",
-                 "dynamic_per_token_quant_fp8_i8"):
+                 "dynamic_per_token_quant_fp8_i8",
+                 # these read aiter.dtypes at import (bound by the loader)
+                 "fused_rms_fp8_per_tensor_static_quant", "act_mul_and_mxfp4_quant",
+                 "act_mul_and_fp8_group_quant"):
         assert at.has(name), at.missing.get(name)
     if torch.version.hip is None:
         info = sys.modules[f"{L.OPS}.{L._ARCH_INFO}"]
@@ -130,6 +153,29 @@ def test_load_accounts_for_every_entry_point(at):
         assert at.dropped_launch_options == L.AMD_ONLY_LAUNCH_OPTIONS
     assert at.version and at.version[0].isdigit()
     assert L.load() is at  # cached
+
+
+@needs_aiter
+def test_aiter_dtypes_is_bound_with_the_arch_aiter_sees(at):
+    """``aiter.dtypes`` (aiter/utility/dtypes.py, normally bound by aiter/__init__.py) picks
+    the FP8 dtype from get_gfx(): the loader's stand-in answers with the arch AITER's Triton
+    code sees, so dtypes.fp8 is the pinned arch's (OCP on gfx950, FNUZ on gfx942)."""
+    dtypes = sys.modules["aiter"].dtypes
+    assert dtypes is sys.modules["aiter.utility.dtypes"] and dtypes.fp8 == at.fp8_dtype
+    if not at.arch_pinned:
+        return
+    import subprocess
+    other = "gfx942" if at.arch == "gfx950" else "gfx950"
+    env = dict(os.environ, **{L.ENV_ARCH: other})
+    readers = ("fused_rms_fp8_per_tensor_static_quant", "act_mul_and_fp8_group_quant")
+    code = ("from tealite.backends.aiter import _triton_loader as L; import sys; at = L.load(); "
+            "print(at.arch, sys.modules['aiter'].dtypes.fp8, at.fp8_dtype, "
+            f"[n for n in {readers!r} if not at.has(n)])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = {"gfx942": "torch.float8_e4m3fnuz", "gfx950": "torch.float8_e4m3fn"}[other]
+    assert out.stdout.split() == [other, want, want, "[]"], out.stdout
 
 
 @needs_aiter

@@ -280,19 +280,20 @@ def test_mx_bytes_reachable_from_the_amax_interval():
 @pytest.mark.parametrize("op", ["layernorm_fwd_quantize", "rmsnorm_fwd_quantize",
                                 "act_fwd_quantize"])
 def test_drawn_cases_cover_the_fused_recipes(op):
-    """The specs draw every fused recipe variant (FNUZ formats, every MX scale mode, both
-    element roundings, both saturation policies) and never an unfusable one; MX output rows
-    are whole 32-blocks."""
+    """The specs draw every fused recipe variant (FNUZ formats, E2M1, every MX scale mode,
+    both element roundings, both saturation policies, both FP8 scale rules) and never an
+    unfusable one; MX output rows are whole 32-blocks."""
     seen = set()
 
     @given(case=get_spec(op).cases())
-    @settings(database=None, max_examples=200, derandomize=True, deadline=None,
+    @settings(database=None, max_examples=300, derandomize=True, deadline=None,
               suppress_health_check=list(HealthCheck))
     def collect(case):
         r = case["recipe"]
         seen.update({("kind", r["kind"]), ("fmt", r["fmt"]), ("sat", r.get("saturation")),
-                     ("mode", r.get("scale_rounding")), ("er", r.get("element_rounding"))})
-        assert r["fmt"] != "e2m1" and r.get("granularity", "row") == "row"
+                     ("mode", r.get("scale_rounding")), ("er", r.get("element_rounding")),
+                     ("rule", r.get("scale_rule"))})
+        assert r.get("granularity", "row") == "row"
         if r["kind"] == "mx":
             n = case["shape"][-1] // (2 if case.get("kind") in GATED else 1)
             assert n % 32 == 0 and n > 0
@@ -301,7 +302,8 @@ def test_drawn_cases_cover_the_fused_recipes(op):
 
     collect()
     want = {("kind", k) for k in ("delayed", "current", "mx")} | \
-        {("fmt", f) for f in ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz")} | \
+        {("fmt", f) for f in ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz", "e2m1")} | \
+        {("rule", None), ("rule", "amax/fmax")} | \
         {("mode", m) for m in ("floor", "ceil", "even", "rceil")} | \
         {("er", "rne"), ("er", "ties_away"), ("sat", "saturate"), ("sat", "nonfinite")}
     if op == "act_fwd_quantize":
@@ -474,6 +476,10 @@ def test_valid_baselines():
     q = tealite.act_fwd_quantize(torch.ones(0, 2 * H), "swiglu", R.DelayedScaling(),
                                  scale=torch.ones(1))
     assert q.data.shape == (0, H) and q.amax.tolist() == [0.0]
+    # MXFP4 (AITER fuses it): codes packed two per byte, as tealite.quantize packs them.
+    q = tealite.act_fwd_quantize(torch.ones(4, 2 * 64), "swiglu", R.MXFP4BlockScaling(),
+                                 backend="torch")
+    assert q.data.shape == (4, 32) and q.data.dtype == torch.uint8 and q.scale_inv.shape == (4, 2)
 
 
 @pytest.mark.parametrize("recipe,match", [
@@ -481,7 +487,6 @@ def test_valid_baselines():
              r"'MXBlockScaling'\] for a fused quantize, got str"),
     (R.Float8CurrentScaling(), r"granularity='row' for a fused quantize .* got 'tensor'"),
     (R.Float8BlockScaling(), r"recipe must be one of .* got Float8BlockScaling"),
-    (R.MXFP4BlockScaling(), r"MXBlockScaling must have an FP8 element format .* got 'e2m1'"),
 ])
 def test_unfusable_recipes_are_rejected(recipe, match):
     with raises(match):

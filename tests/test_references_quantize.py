@@ -457,3 +457,123 @@ def test_e8m0_scale_upper_clamp(mode, monkeypatch):
     want = [_oracle_e8m0(x, "e4m3", mode, emax=-10) for x in a]
     np.testing.assert_array_equal(got, want)
     assert got[-1] == 254 and got[0] == 253 and (got[1:] == 254).all()
+
+
+# ==== 4. FP8 scale rules: TE's fmax/amax vs AITER's amax/fmax ==================================
+# The oracle: exact Fraction arithmetic with a hand-written round-to-nearest-even to fp32
+# (positive normal values), then the nearest E4M3 value from the hand-decoded code table.
+
+def _rn_f32(q: Fraction) -> Fraction:
+    """Round a positive rational in fp32's normal range to the nearest fp32, ties to even."""
+    e = q.numerator.bit_length() - q.denominator.bit_length()
+    if Fraction(2) ** e > q:
+        e -= 1
+    ulp = Fraction(2) ** (e - 23)
+    n, rem = divmod(q, ulp)
+    n = int(n) + (rem > ulp / 2 or (rem == ulp / 2 and int(n) % 2 == 1))
+    return n * ulp
+
+
+def _rne_code(v: Fraction, fmt: str = "e4m3") -> int:
+    """The code of the nearest finite value of fmt (ties to the even code), v >= 0, no sat."""
+    codes = [c for c in range(_sign_bit(fmt)) if not math.isnan(_decode_by_hand(c, fmt))]
+    best = min(codes, key=lambda c: (abs(Fraction(_decode_by_hand(c, fmt)) - v), c % 2))
+    return best
+
+
+def test_scale_rules_give_different_codes_by_hand():
+    # amax = 4.75 and x = 3.5625 = 0.75 * amax: x * 448 / amax = 336 exactly, the midpoint of
+    # the E4M3 neighbours 320 (code 0x7A) and 352 (0x7B).  TE's fp32 scale fl(448/4.75) lies
+    # below 1792/19, AITER's fl(1/fl(4.75/448)) above it, so the products fall on either side.
+    amax, x = Fraction(19, 4), Fraction(57, 16)
+    te_scale = _rn_f32(Fraction(448) / amax)
+    aiter_sinv = _rn_f32(amax / 448)
+    aiter_recip = _rn_f32(1 / aiter_sinv)
+    assert te_scale < Fraction(1792, 19) < aiter_recip
+    te_code = _rne_code(_rn_f32(x * te_scale))
+    aiter_code = _rne_code(_rn_f32(x * aiter_recip))
+    assert (te_code, aiter_code) == (0x7A, 0x7B)
+
+    row = np.array([[4.75, 3.5625]], F32)
+    bits, sinv, a = ref.fp8_quantize(row, "e4m3", "row")
+    assert bits[0, 1] == te_code and sinv[0] == F32(1 / te_scale) and a[0] == F32(4.75)
+    bits, sinv, a = ref.fp8_quantize(row, "e4m3", "row", scale_rule="amax/fmax")
+    assert bits[0, 1] == aiter_code and sinv[0] == F32(aiter_sinv) and a[0] == F32(4.75)
+    assert bits[0, 0] == 0x7E  # amax * (1 / (amax / 448)) rounds to 448 exactly here
+    t_bits, t_sinv, t_a = ref.fp8_quantize(row, "e4m3", "tensor", scale_rule="amax/fmax")
+    np.testing.assert_array_equal(t_bits, bits)
+    assert t_sinv.shape == (1,) and t_sinv[0] == sinv[0] and t_a[0] == a[0]
+
+
+NAN = np.nan
+INF = np.inf
+
+
+@pytest.mark.parametrize("row,te,aiter,aiter_sinv", [
+    # amax 0: TE's scale 1 (codes +-0); AITER's scale_inv 0 -> 1/0 = inf -> 0 * inf = NaN.
+    ([0.0, -0.0], [0x00, 0x80], [NAN, NAN], 0.0),
+    # NaN: TE's amax is NaN -> scale 1; AITER's amax ignores it (1.0) -> 1.0 * 448.
+    ([NAN, 1.0], [NAN, 0x38], [NAN, 0x7E], 1 / 448),
+    # only NaN: both NaN everywhere; AITER's scale_inv NaN.
+    ([NAN, NAN], [NAN, NAN], [NAN, NAN], NAN),
+    # Inf: TE's scale 1, Inf saturates to 448; AITER's scale_inv Inf -> 1/Inf = 0 -> +-0, and
+    # Inf * 0 = NaN.
+    ([INF, 2.0, -3.0], [0x7E, 0x40, 0xC4], [NAN, 0x00, 0x80], INF),
+])
+def test_scale_rules_at_zero_nan_inf_amax(row, te, aiter, aiter_sinv):
+    x = np.array([row], F32)
+
+    def check(bits, want):
+        for b, w in zip(bits[0], want):
+            if isinstance(w, float) and math.isnan(w):
+                assert math.isnan(_decode_by_hand(int(b), "e4m3")), hex(b)
+            else:
+                assert b == w, (hex(b), hex(w))
+
+    check(ref.fp8_quantize(x, "e4m3", "row")[0], te)
+    bits, sinv, _ = ref.fp8_quantize(x, "e4m3", "row", scale_rule="amax/fmax")
+    check(bits, aiter)
+    np.testing.assert_array_equal(sinv, np.array([aiter_sinv], F32))
+
+
+def test_aiter_rule_per_tensor_amax_and_fnuz():
+    # Per tensor: the max of the row amaxes (NaN ignored within a row), but a row of only NaN
+    # makes the tensor's amax NaN (AITER's atomic max of fp32 bits: NaN > Inf > finite).
+    some_nan = np.array([[NAN, 1.0], [2.0, 3.0]], F32)
+    _, sinv, a = ref.fp8_quantize(some_nan, "e4m3", "tensor", scale_rule="amax/fmax")
+    assert a[0] == 3.0 and sinv[0] == F32(F32(3.0) / F32(448))
+    nan_row = np.array([[NAN, NAN], [2.0, 3.0]], F32)
+    bits, sinv, a = ref.fp8_quantize(nan_row, "e4m3", "tensor", scale_rule="amax/fmax")
+    assert np.isnan(a[0]) and np.isnan(sinv[0])
+    assert all(math.isnan(_decode_by_hand(int(b), "e4m3")) for b in bits.ravel())
+    # The same elements transposed: no row of only NaN, so a finite amax.
+    _, _, a = ref.fp8_quantize(nan_row.T.copy(), "e4m3", "tensor", scale_rule="amax/fmax")
+    assert a[0] == 3.0
+    # FNUZ: max 240, and the NaN of 0 * inf is FNUZ's single NaN 0x80.
+    bits, sinv, _ = ref.fp8_quantize(np.array([[0.0, 0.0], [240.0, -1.0]], F32), "e4m3fnuz",
+                                     "row", scale_rule="amax/fmax")
+    assert bits[0].tolist() == [0x80, 0x80] and sinv.tolist() == [0.0, 1.0]
+    assert bits[1, 0] == 0x7F and bits[1, 1] == 0xC0  # 240 and -1.0 in E4M3 FNUZ (bias 8)
+
+
+def test_aiter_rule_refuses_te_only_options():
+    with pytest.raises(ValueError, match="amax/fmax"):
+        ref.fp8_quantize(np.ones((1, 2), F32), "e4m3", "row", force_pow2=True,
+                         scale_rule="amax/fmax")
+    with pytest.raises(ValueError, match="amax/fmax"):
+        ref.fp8_quantize(np.ones((1, 2), F32), "e4m3", "given", scale=[1.0],
+                         scale_rule="amax/fmax")
+
+
+def test_recip_ulp_bounds():
+    s = np.array([F32(3.0) / F32(448), 0.0, np.inf, np.nan, 1.0], F32)
+    lo, hi = ref.recip_ulp_bounds(s, 2)
+    exact = 1.0 / s[0].astype(np.float64)
+    ulp = 2.0 ** (math.floor(math.log2(exact)) - 23)
+    assert lo[0] >= exact - 2 * ulp and np.nextafter(lo[0], F32(0)) < exact - 2 * ulp
+    assert hi[0] <= exact + 2 * ulp and np.nextafter(hi[0], F32(np.inf)) > exact + 2 * ulp
+    assert lo[1] == hi[1] == np.inf and lo[2] == hi[2] == 0 and np.isnan(lo[3])
+    assert (lo[4], hi[4]) == (F32(1 - 2 ** -22), F32(1 + 2 ** -22))  # absolute 2 ulp(1)
+    z0, z1 = ref.recip_ulp_bounds(s, 0)
+    np.testing.assert_array_equal(z0, ref.reciprocal(s))
+    np.testing.assert_array_equal(z1, ref.reciprocal(s))

@@ -13,7 +13,8 @@ field                  contents
 ``columnwise_data``    the rowwise quantization of x.T, stored transposed: (K, M) codes
 ``columnwise_scale_inv``  its scales, laid out as for rowwise on x.T
 ``amax``               float32 amax of x: (1,) per tensor / delayed, (M,) per row; None for
-                       block and MX recipes
+                       block and MX recipes, and for current scaling under AITER's scale
+                       rule (``FP8ScaleRule.AMAX_OVER_FMAX``: its kernels report none)
 =====================  ==================================================================
 
 ``DelayedScaling`` needs ``scale`` (float32, shape (1,)): the scale from the amax history.

@@ -1,36 +1,44 @@
-"""Special functions in float64 from Python's libm-backed ``math`` module (independent of
-torch's vectorized kernels)."""
+"""Special functions in float64, written against the array namespace of their input.
+
+For numpy arrays erf / erfc are Python's libm-backed ``math`` functions per element
+(independent of torch's vectorized kernels); on a reference device they are torch.special's
+float64 kernels, a few ulp from libm (see references._device).
+"""
 from __future__ import annotations
 
 import math
 
-import numpy as np
+from tealite_verify.references._device import namespace, on_reference_device
 
-_erf = np.frompyfunc(math.erf, 1, 1)
-_erfc = np.frompyfunc(math.erfc, 1, 1)
 SQRT2 = math.sqrt(2.0)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    return np.asarray(_erf(np.asarray(x, dtype=np.float64)), dtype=np.float64)
+@on_reference_device
+def erf(x):
+    return namespace(x).erf(x)
 
 
-def erfc(x: np.ndarray) -> np.ndarray:
-    return np.asarray(_erfc(np.asarray(x, dtype=np.float64)), dtype=np.float64)
+@on_reference_device
+def erfc(x):
+    return namespace(x).erfc(x)
 
 
-def normal_cdf(x: np.ndarray) -> np.ndarray:
+@on_reference_device
+def normal_cdf(x):
     # erfc form: 0.5 * (1 + erf(x/sqrt2)) cancels catastrophically for x << 0.
     return 0.5 * erfc(-x / SQRT2)
 
 
-def normal_pdf(x: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+@on_reference_device
+def normal_pdf(x):
+    return namespace(x).exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
+@on_reference_device
+def sigmoid(x):
     # Split by sign so exp never overflows.
-    x = np.asarray(x, dtype=np.float64)
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    xp = namespace(x)
+    x = xp.asarray(x)
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))

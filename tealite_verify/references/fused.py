@@ -10,7 +10,10 @@ on y.  ``quantize_rows`` is also the e = 0 limit of that tier (bit-exact).
 Recipes are the JSON dicts of tealite_verify.strategies.recipes:
 ``{"kind": "delayed", "fmt", "scale", "saturation"}``,
 ``{"kind": "current", "granularity": "row", "fmt", "force_pow2_scales", "amax_epsilon",
-"saturation"}``, ``{"kind": "mx", "fmt", "scale_rounding", "element_rounding"}``.
+"saturation"[, "scale_rule"]}`` (the scale rule passes through to references.quantize's
+fp8_quantize: TE's "fmax/amax" when absent, or AITER's "amax/fmax", which reports no amax),
+``{"kind": "mx", "fmt", "scale_rounding", "element_rounding"}`` (FP8 or E2M1 elements; codes
+are returned unpacked).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from tealite_verify.references import norms as norm_ref
 from tealite_verify.references import quantize as qref
 
 F32 = np.float32
+TE_RULE = "fmax/amax"  # recipe dicts without "scale_rule" are TE's rule
 
 
 def as_rows(y) -> np.ndarray:
@@ -32,8 +36,9 @@ def as_rows(y) -> np.ndarray:
 def quantize_rows(y32, recipe: dict, scale=None) -> dict:
     """Rowwise quantization of float32 y (rows, N) with a fused recipe.
 
-    Returns {"bits": uint8 codes (rows, N), "scale_inv": float32 (1,) / (rows,) or E8M0
-    bytes (rows, N/32), "amax": float32 (1,) / (rows,) or None for MX}.
+    Returns {"bits": uint8 codes (rows, N), unpacked for e2m1, "scale_inv": float32 (1,) /
+    (rows,) or E8M0 bytes (rows, N/32), "amax": float32 (1,) / (rows,), or None for MX and for
+    AITER's scale rule}.
     """
     y32 = np.asarray(y32, dtype=F32)
     kind = recipe["kind"]
@@ -48,10 +53,12 @@ def quantize_rows(y32, recipe: dict, scale=None) -> dict:
                                                   saturate=saturate)
         return {"bits": bits, "scale_inv": scale_inv, "amax": np.asarray(amax, F32).reshape(1)}
     if kind == "current" and recipe["granularity"] == "row":
+        rule = recipe.get("scale_rule", TE_RULE)
         bits, scale_inv, amax = qref.fp8_quantize(
             y32, recipe["fmt"], "row", force_pow2=recipe.get("force_pow2_scales", False),
-            amax_epsilon=recipe.get("amax_epsilon", 0.0), saturate=saturate)
-        return {"bits": bits, "scale_inv": scale_inv, "amax": amax}
+            amax_epsilon=recipe.get("amax_epsilon", 0.0), saturate=saturate, scale_rule=rule)
+        # AITER's rule reports no amax (tealite.recipes), so neither does the fused op.
+        return {"bits": bits, "scale_inv": scale_inv, "amax": None if rule != TE_RULE else amax}
     raise ValueError(f"not a fused-quantize recipe: {recipe!r}")
 
 

@@ -5,10 +5,12 @@ Backward formulas (per row, H = normalized size, g = effective weight, xhat = no
   RMSNorm:   dx = rsigma * (g dy - xhat * mean(g dy xhat))
   dgamma = sum over rows of dy * xhat;  dbeta = sum over rows of dy.
 Backward uses the statistics it is given (as kernels do), not recomputed ones.
+Written against the array namespace ``xp`` of x: numpy, or torch float64 on the reference
+device (references._device); numpy in, numpy out for callers.
 """
 from __future__ import annotations
 
-import numpy as np
+from tealite_verify.references._device import namespace, on_reference_device
 
 
 def effective_weight(gamma, zero_centered_gamma: bool):
@@ -16,36 +18,43 @@ def effective_weight(gamma, zero_centered_gamma: bool):
 
 
 def _rows_sum(t):
-    return t.reshape(-1, t.shape[-1]).sum(axis=0)
+    return namespace(t).sum(t.reshape(-1, t.shape[-1]), axis=0)
 
 
+@on_reference_device
 def layernorm_fwd(x, gamma, beta, *, eps: float, zero_centered_gamma: bool = False):
-    mean = x.mean(axis=-1)
-    var = ((x - mean[..., None]) ** 2).mean(axis=-1)
-    rsigma = 1.0 / np.sqrt(var + eps)
+    xp = namespace(x)
+    mean = xp.mean(x, axis=-1)
+    var = xp.mean((x - mean[..., None]) ** 2, axis=-1)
+    rsigma = 1.0 / xp.sqrt(var + eps)
     xhat = (x - mean[..., None]) * rsigma[..., None]
     y = xhat * effective_weight(gamma, zero_centered_gamma) + beta
     return y, mean, rsigma
 
 
+@on_reference_device
 def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma: bool = False):
+    xp = namespace(x)
     rs = rsigma[..., None]
     xhat = (x - mean[..., None]) * rs
     gdy = dy * effective_weight(gamma, zero_centered_gamma)
-    dx = rs * (gdy - gdy.mean(axis=-1, keepdims=True)
-               - xhat * (gdy * xhat).mean(axis=-1, keepdims=True))
+    dx = rs * (gdy - xp.mean(gdy, axis=-1, keepdims=True)
+               - xhat * xp.mean(gdy * xhat, axis=-1, keepdims=True))
     return dx, _rows_sum(dy * xhat), _rows_sum(dy)
 
 
+@on_reference_device
 def rmsnorm_fwd(x, gamma, *, eps: float, zero_centered_gamma: bool = False):
-    rsigma = 1.0 / np.sqrt((x * x).mean(axis=-1) + eps)
+    xp = namespace(x)
+    rsigma = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1) + eps)
     y = x * rsigma[..., None] * effective_weight(gamma, zero_centered_gamma)
     return y, rsigma
 
 
+@on_reference_device
 def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma: bool = False):
     rs = rsigma[..., None]
     xhat = x * rs
     gdy = dy * effective_weight(gamma, zero_centered_gamma)
-    dx = rs * (gdy - xhat * (gdy * xhat).mean(axis=-1, keepdims=True))
+    dx = rs * (gdy - xhat * namespace(x).mean(gdy * xhat, axis=-1, keepdims=True))
     return dx, _rows_sum(dy * xhat)

@@ -182,6 +182,27 @@ def mx_quantize(x, fmt: str, scale_mode: str, element_rounding: str, block: int 
     return mx_codes_with_scales(x, scales, fmt, element_rounding, block), scales
 
 
+def mx_scales_nan_ignoring(x, fmt: str, scale_mode: str, block: int = 32):
+    """E8M0 scale bytes under AITER Triton's handling of non-finite inputs (its MXFP4 kernels;
+    the OCP / TE rule of :func:`mx_quantize` gives 0xFF instead): NaN elements are left out
+    of the block amax (``tl.max`` is a maxnum reduction); an Inf amax takes the largest
+    exponent (the clamp at 127: byte 0xFE).  Returns (bytes (M, nb), mask of blocks holding
+    nothing but NaN, whose byte is undefined: AITER rounds the NaN amax's bit pattern, so the
+    byte depends on the NaN payload the target produces)."""
+    x = np.asarray(x, dtype=F32)
+    m, k = x.shape
+    blocks, nb = _blocks(x, block)
+    a = np.abs(blocks)
+    nan = np.isnan(a)
+    real = np.arange(nb * block).reshape(nb, block) < k  # padding is not part of a block
+    amax = np.where(nan, F32(0), a).max(axis=-1) if k else np.zeros((m, 0), F32)
+    all_nan = (nan | ~real).all(axis=-1) if k else np.zeros((m, 0), bool)
+    inf = np.isinf(amax)
+    scales = e8m0_scale(np.where(inf, F32(1), amax).astype(F32), fmt, scale_mode)
+    scales = np.where(inf, E8M0_NAN - 1, scales).astype(np.uint8)
+    return scales, all_nan
+
+
 def mx_scaled_values(x, scales, block: int = 32) -> np.ndarray:
     """x / 2^e per block in float64 (exact), shape (M, K); NaN where the scale is NaN."""
     x = np.asarray(x, dtype=F32)
@@ -259,15 +280,92 @@ def block_amax(x, block: tuple[int, int]) -> np.ndarray:
         np.zeros((mb, nb), F32)
 
 
+# ---- AITER's rule (FP8ScaleRule.AMAX_OVER_FMAX): scale_inv = amax / max, x * (1 / scale_inv)
+
+def aiter_amax(x, *, per_row: bool) -> np.ndarray:
+    """AITER's amax of a 2-D float32 array, as its Triton quant kernels reduce it.
+
+    Per row: max |x| ignoring NaN (``tl.max`` is a maxnum reduction), NaN only for a row of
+    nothing but NaN; an empty row gives 0.  Per tensor (shape (1,)): the max of the row
+    amaxes with NaN winning (AITER's ``tl.atomic_max`` of positive fp32 compares the bit
+    patterns as integers, and a positive NaN's are above Inf's); no rows give 0.
+    """
+    a = np.abs(np.asarray(x, dtype=F32))
+    m, k = a.shape
+    if k == 0:
+        rows = np.zeros(m, F32)
+    else:
+        nan = np.isnan(a)
+        rows = np.where(nan, F32(0), a).max(axis=1)  # 0 is neutral: |x| >= 0
+        rows = np.where(nan.all(axis=1), F32(np.nan), rows).astype(F32)
+    if per_row:
+        return rows
+    if m == 0:
+        return np.zeros(1, F32)
+    return np.array([np.nan if np.isnan(rows).any() else rows.max()], F32)
+
+
+def aiter_scale_inv(amax, fmt: str) -> np.ndarray:
+    """scale_inv = fl32(amax / max): 0 for amax 0, Inf for Inf, NaN for NaN (no special cases)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return (np.asarray(amax, dtype=F32) / F32(fmt_max(fmt))).astype(F32)
+
+
+def aiter_scaled(x, scale_inv, *, recip=None) -> np.ndarray:
+    """The fp32 values AITER's kernels cast: fl32(x * fl32(1 / scale_inv)), or with a given
+    fp32 ``recip`` instead of the correctly rounded reciprocal.  1/0 = Inf, so zeros give
+    NaN (0 * Inf); 1/Inf = 0, so +-Inf elements give NaN and finite ones +-0."""
+    r = reciprocal(scale_inv) if recip is None else np.asarray(recip, dtype=F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (np.asarray(x, dtype=F32) * r).astype(F32)
+
+
+def recip_ulp_bounds(scale_inv, ulps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest and largest fp32 within ``ulps`` units in the last place (of the exact
+    value's binade) of 1 / scale_inv, and never excluding the correctly rounded one: what an
+    approximate fp32 reciprocal with that error bound (e.g. CUDA's div.full.f32, 2 ulp) may
+    return (``ulps`` = 0: the correctly rounded value).  Special values (0, Inf, NaN) are
+    exact."""
+    s = np.asarray(scale_inv, dtype=F32).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exact = 1.0 / s
+    finite = np.isfinite(exact) & (exact != 0)
+    safe = np.where(finite, np.abs(exact), 1.0)
+    ulp = np.ldexp(1.0, np.maximum(np.frexp(safe)[1] - 1, -126) - 23)
+    lo = np.where(finite, exact - ulps * ulp, exact)
+    hi = np.where(finite, exact + ulps * ulp, exact)
+    # Round inward to fp32 (lo up, hi down): the fp32 values inside [lo, hi].
+    lo32, hi32 = lo.astype(F32), hi.astype(F32)
+    lo32 = np.where(lo32.astype(np.float64) < lo, np.nextafter(lo32, F32(np.inf)), lo32)
+    hi32 = np.where(hi32.astype(np.float64) > hi, np.nextafter(hi32, F32(-np.inf)), hi32)
+    rn = reciprocal(scale_inv)
+    with np.errstate(invalid="ignore"):
+        return np.fmin(lo32, rn).astype(F32), np.fmax(hi32, rn).astype(F32)
+
+
 def fp8_quantize(x, fmt: str, granularity: str, *, scale=None, force_pow2: bool = False,
-                 amax_epsilon: float = 0.0, saturate: bool = True, block=None):
+                 amax_epsilon: float = 0.0, saturate: bool = True, block=None,
+                 scale_rule: str = "fmax/amax"):
     """Rowwise FP8 quantization with fp32 scales.
 
     granularity: "tensor" (scale (1,)), "row" (scale (M,)), "block" (scale per ``block``),
     "given" (per-tensor with the given ``scale``, i.e. DelayedScaling).
+    scale_rule (current scaling, "tensor" / "row"): "fmax/amax" (TE's, the default) or
+    "amax/fmax" (AITER's: see :func:`aiter_amax`, :func:`aiter_scale_inv`, :func:`aiter_scaled`;
+    no epsilon, no power-of-two rounding).
     Returns (code bits (M, K), scale_inv float32, amax float32).
     """
     x = np.asarray(x, dtype=F32)
+    if scale_rule == "amax/fmax":
+        if granularity not in ("tensor", "row") or force_pow2 or amax_epsilon:
+            raise ValueError("scale_rule 'amax/fmax' is per-tensor or per-row current scaling "
+                             "without force_pow2 or amax_epsilon")
+        a = aiter_amax(x, per_row=granularity == "row")
+        s_inv = aiter_scale_inv(a, fmt)
+        v = aiter_scaled(x, s_inv[:, None] if granularity == "row" else s_inv[0])
+        return codes_to_bits(round_elements(v, fmt, rounding="rne", saturate=saturate)), s_inv, a
+    if scale_rule != "fmax/amax":
+        raise ValueError(f"unknown scale rule {scale_rule!r}")
     if granularity == "tensor":
         a = amax(x).reshape(1)
         s = te_scale_from_amax(a, fmt, force_pow2=force_pow2, amax_epsilon=amax_epsilon)

@@ -2,12 +2,17 @@
 
 Cases are the plain norm specs' cases (shapes, dtypes, value distributions, eps, zero-centered
 gamma, LayerNorm offsets) plus a fused recipe: FP8 with a given scale (DelayedScaling), FP8
-per-row current scaling (pow2 scales, amax_epsilon, both saturation policies) or MXFP8 (every
-FP8 format incl. FNUZ, every scale rounding, both element roundings).
+per-row current scaling (TE's rule with pow2 scales, amax_epsilon, both saturation policies,
+or AITER's amax/fmax rule) or MX (every FP8 format incl. FNUZ and E2M1, every scale rounding,
+both element roundings), and the outputs the caller needs: ``return_stats`` (mean / rsigma)
+and ``return_amax`` (absent from a case: True).  A third of the cases are AITER-shaped: the
+conventions AITER's fused kernels follow (AITER's rule per row, given-scale FP8 that
+saturates, MXFP4 with EVEN scales and ties-away elements), plain gamma and no statistics or
+amax requested, so the aiter backends' fused entry points get cases they accept.
 
 The quantized output is judged by the ``code-interval`` tier (tealite_verify/tolerance_fused.py)
 with e = the plain norm spec's own bound on y for an fp32 output; mean and rsigma exactly as in
-the plain norm spec.
+the plain norm spec (when not requested, a backend may leave them out).
 """
 from __future__ import annotations
 
@@ -17,20 +22,70 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite_verify.references import fused as fref
-from tealite_verify.specs import OpSpec, register
+from tealite_verify import tolerance as tol
+from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs import norms as norm_spec
-from tealite_verify.strategies.recipes import recipe_from_json, recipes
+from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, recipe_from_json,
+                                               recipes)
 from tealite_verify.tolerance_fused import FusedQuantJudge
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
 FUSED_KINDS = ("delayed", "current", "mx")
 
 
+def _per_row(r: dict) -> dict:
+    return dict(r, granularity="row") if r["kind"] == "current" else r
+
+
 def fused_recipes() -> st.SearchStrategy[dict]:
-    """Recipes a fused kernel produces: given-scale FP8, per-row FP8, MXFP8 (no e2m1)."""
-    def per_row(r):
-        return dict(r, granularity="row") if r["kind"] == "current" else r
-    return recipes(FUSED_KINDS).filter(lambda r: r["fmt"] != "e2m1").map(per_row)
+    """Recipes a fused kernel produces: given-scale FP8, per-row FP8 under either scale rule,
+    MX with FP8 or E2M1 elements."""
+    # The kind first (a third each): drawn as one_of, the two scale rules make "current"
+    # crowd out the MX modes in short derandomized runs.
+    return st.sampled_from(FUSED_KINDS).flatmap(
+        lambda kind: recipes((kind,), scale_rules=FP8_SCALE_RULES)).map(_per_row)
+
+
+def aiter_fused_recipes() -> st.SearchStrategy[dict]:
+    """The conventions of AITER's fused Triton kernels: per-row FP8 under AITER's rule, given-
+    scale FP8 that saturates (its kernel clamps), MXFP4 with EVEN scales and ties-away elements
+    (drawn three times as often: the one that runs under Triton's interpreter too)."""
+    options = {
+        "mxfp4": st.just({"kind": "mx", "fmt": "e2m1", "scale_rounding": "even",
+                          "element_rounding": "ties_away"}),
+        "row": st.builds(lambda f, sat: {"kind": "current", "fmt": f, "granularity": "row",
+                                         "force_pow2_scales": False, "amax_epsilon": 0.0,
+                                         "saturation": sat, "scale_rule": AITER_RULE},
+                         st.sampled_from(["e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"]),
+                         st.sampled_from(["saturate", "nonfinite"])),
+        "given": recipes(("delayed",)).map(lambda r: dict(r, saturation="saturate")),
+    }
+    return st.sampled_from(["mxfp4", "mxfp4", "mxfp4", "row", "given"]).flatmap(options.get)
+
+
+def draw_recipe_and_outputs(draw, case: dict, *, norm: bool) -> bool:
+    """Add a fused recipe and the requested outputs to ``case``: AITER-shaped a third of the
+    time (no statistics or amax requested, plain gamma), anything otherwise.  Returns whether
+    the case is AITER-shaped."""
+    if draw(st.sampled_from([False, False, True])):
+        case["recipe"] = draw(aiter_fused_recipes())
+        case["return_amax"] = False
+        if norm:
+            case["return_stats"], case["zero_centered_gamma"] = False, False
+        return True
+    case["recipe"] = draw(fused_recipes())
+    case["return_amax"] = draw(st.booleans())
+    if norm:
+        case["return_stats"] = draw(st.booleans())
+    return False
+
+
+def output_flags(case, *, norm: bool) -> dict:
+    """The front-end's return_* arguments (cases stored before they existed: True)."""
+    flags = {"return_amax": case.get("return_amax", True)}
+    if norm:
+        flags["return_stats"] = case.get("return_stats", True)
+    return flags
 
 
 def fit_to_recipe(shape, recipe: dict, *, gated: bool = False) -> list:
@@ -55,7 +110,7 @@ def quantized_outputs(q) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def quantized_expected(y_expected, recipe: dict, scale) -> dict:
+def quantized_expected(y_expected, recipe: dict, scale, *, amax_required: bool = True) -> dict:
     """Expected entries of the quantized output from the plain spec's Expected for y (built
     for an fp32 output: its bound is e on |y_fp32 - y_ref| plus y's own fp32 rounding)."""
     y = y_expected.value
@@ -64,14 +119,25 @@ def quantized_expected(y_expected, recipe: dict, scale) -> dict:
     def bound(numerics):
         return fref.as_rows(np.broadcast_to(y_expected.bound(numerics), y.shape))
 
-    judge = FusedQuantJudge(rows, bound, recipe, scale)
+    judge = FusedQuantJudge(rows, bound, recipe, scale, amax_required=amax_required)
     return judge.expected(fref.quantize_rows(fref.round_to_f32(rows), recipe, scale))
+
+
+def optional(name: str, exp: Expected) -> Expected:
+    """``exp`` for an output the caller did not request: judged when present, else absent."""
+    def check(outputs, numerics):
+        got = outputs.get(name)
+        if got is None:
+            return tol.Metrics("absent", 0, 0, 0.0, 0.0, note="not requested")
+        return tol.compare_bounded(got, exp.value, exp.bound(numerics), exp.out_dtype,
+                                   tier=exp.tier)
+    return Expected(exp.value, exp.out_dtype, exp.tier, exp.bound, check=check)
 
 
 @st.composite
 def cases(draw, dtype: str | None = None, size: str = "ci", *, rms: bool):
     case = draw(norm_spec.cases(dtype, size, rms=rms, bwd=False))
-    case["recipe"] = draw(fused_recipes())
+    draw_recipe_and_outputs(draw, case, norm=True)
     case["shape"] = fit_to_recipe(case["shape"], case["recipe"])
     return case
 
@@ -86,26 +152,37 @@ def reference(x, case, *, rms: bool):
         base = norm_spec.rms_fwd_reference(x, as_fp32)
     else:
         base = norm_spec.ln_fwd_reference(x, as_fp32)
-    expected = quantized_expected(base.pop("y"), case["recipe"], x.get("scale"))
-    expected.update(base)  # mean (LayerNorm) and rsigma: the plain norm spec's verdicts
+    flags = output_flags(case, norm=True)
+    expected = quantized_expected(base.pop("y"), case["recipe"], x.get("scale"),
+                                  amax_required=flags["return_amax"])
+    # mean (LayerNorm) and rsigma: the plain norm spec's verdicts (if requested or returned).
+    expected.update(base if flags["return_stats"] else
+                    {k: optional(k, v) for k, v in base.items()})
     return expected
 
 
 def call(inputs, case, backend, *, rms: bool):
     recipe = recipe_from_json(case["recipe"])
     kw = dict(eps=case["eps"], zero_centered_gamma=case["zero_centered_gamma"],
-              scale=inputs.get("scale"), backend=backend)
+              scale=inputs.get("scale"), backend=backend, **output_flags(case, norm=True))
     if rms:
         r = tealite.rmsnorm_fwd_quantize(inputs["x"], inputs["gamma"], recipe, **kw)
-        return dict(quantized_outputs(r.out), rsigma=r.rsigma)
-    r = tealite.layernorm_fwd_quantize(inputs["x"], inputs["gamma"], inputs["beta"], recipe, **kw)
-    return dict(quantized_outputs(r.out), mean=r.mean, rsigma=r.rsigma)
+        stats = {"rsigma": r.rsigma}
+    else:
+        r = tealite.layernorm_fwd_quantize(inputs["x"], inputs["gamma"], inputs["beta"], recipe,
+                                           **kw)
+        stats = {"mean": r.mean, "rsigma": r.rsigma}
+    return dict(quantized_outputs(r.out), **{k: v for k, v in stats.items() if v is not None})
 
 
 _MX = {"kind": "mx", "fmt": "e4m3", "scale_rounding": "rceil", "element_rounding": "rne"}
 _ROW = {"kind": "current", "fmt": "e4m3fnuz", "granularity": "row", "force_pow2_scales": False,
         "amax_epsilon": 0.0, "saturation": "saturate"}
 _DELAYED = {"kind": "delayed", "fmt": "e5m2", "scale": 0.75, "saturation": "saturate"}
+_MXFP4_AITER = {"kind": "mx", "fmt": "e2m1", "scale_rounding": "even",
+                "element_rounding": "ties_away"}
+_ROW_AITER = dict(_ROW, fmt="e4m3", scale_rule=AITER_RULE)
+_NOTHING_EXTRA = {"return_stats": False, "return_amax": False}
 
 
 def _smoke(shape, dtype, recipe, **kw):
@@ -122,7 +199,10 @@ SMOKE = (_smoke([5, 4, 160], "bfloat16", _MX),
          _smoke([3, 96], "float32", dict(_MX, fmt="e5m2fnuz", scale_rounding="floor"),
                 weight_dtype="float32"),
          _smoke([9, 77], "bfloat16", dict(_DELAYED, fmt="e4m3", scale=64.0),
-                dist={"kind": "outliers", "scale": 1.0, "frac": 0.01, "factor": 1024.0}))
+                dist={"kind": "outliers", "scale": 1.0, "frac": 0.01, "factor": 1024.0}),
+         _smoke([6, 160], "float16", _MXFP4_AITER, **_NOTHING_EXTRA),
+         _smoke([5, 96], "float32", _ROW_AITER, **_NOTHING_EXTRA,
+                dist={"kind": "zero_rows", "scale": 1.0, "frac": 0.25}))
 
 for _name, _rms in (("layernorm_fwd_quantize", False), ("rmsnorm_fwd_quantize", True)):
     register(OpSpec(

@@ -1,8 +1,204 @@
-"""AITER (ROCm/aiter) support, not yet a tealite backend.
+"""The ``aiter`` backend: AMD's real AITER package on ROCm (its CK / ASM / HIP ops).
 
-Nothing here registers a backend, and ``tealite.backends`` does not import this package.
-:mod:`tealite.backends.aiter._triton_loader` loads AITER's Triton kernels
-(``aiter/ops/triton``) from an installed ``amd-aiter``, an unpacked wheel or source tree, or
-the wheel file itself, without ROCm: the benchmarks put them side by side with tealite's own
-kernels, and the AITER backend (issue 6) will be built on the same loader.
+**This backend has never run on AMD hardware.**  It was written from the amd-aiter
+0.1.7.post2 sources (the Python wrappers in ``aiter/ops/*.py`` and the C++ behind them in
+``aiter_meta/csrc``) and tested on a CPU against a *fake* ``aiter`` module whose functions
+compute the documented result with torch (tests/test_aiter_rocm_backend.py).  Those tests prove
+the adapters (argument order, scale shapes, shuffled layouts, padding) and the rejection
+logic; they cannot prove AITER's numerics.  It is kept out of ``backend=None`` dispatch until
+an MI300 (gfx942, FNUZ FP8) / MI350 (gfx950, OCP FP8) run has verified it: name it
+(``backend="aiter"``); turn ``auto_dispatch`` on here once such a run passes.
+
+A second backend, ``aiter_bpreshuffle``, is the same package with pre-shuffled weights (the
+``*_bpreshuffle`` GEMMs, :mod:`.qgemm`): a backend of its own, so both weight layouts are
+verified side by side by the differential harness, with no global switch.
+
+Availability (the probe): a ROCm build of torch (``torch.version.hip``), a visible GPU, and an
+importable ``aiter`` -- the import error is the reason otherwise.  The synthetic ``aiter``
+shell that :mod:`tealite.backends.aiter._triton_loader` installs for the ``aiter_triton``
+backend does not count (it has no HIP ops).
+
+Version awareness: on first use every entry point in :data:`ENTRY_POINTS` is looked up on the
+imported package; one that is absent is listed in ``runtime().missing`` with the reason, and
+every case that needs it is rejected with that reason (:func:`why_missing`), never routed to
+another path.  Each family module (qgemm, quantize, norms, fused, activations) declares the
+contract of every entry point it calls (:mod:`tealite.backends.aiter.contracts`) and reports
+the entry point in the numerics of each case (``"entry_point"``).
+
+This package also holds the AITER helpers shared with the ``aiter_triton`` backend
+(``_triton_loader``, ``contracts``); importing it never imports AITER.
 """
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from tealite.registry import Backend, register_backend
+
+NAME = "aiter"
+
+# Entry point -> where amd-aiter 0.1.7.post2 defines it (all are re-exported by
+# aiter/__init__.py's star imports, which is how they are looked up).
+ENTRY_POINTS: dict[str, str] = {
+    "gemm_a8w8": "aiter/ops/gemm_op_a8w8.py",
+    "gemm_a8w8_bpreshuffle": "aiter/ops/gemm_op_a8w8.py",
+    "gemm_a8w8_blockscale": "aiter/ops/gemm_op_a8w8.py",
+    "gemm_a8w8_blockscale_bpreshuffle": "aiter/ops/gemm_op_a8w8.py",
+    "gemm_a4w4": "aiter/ops/gemm_op_a4w4.py",
+    "per_1x32_f4_quant_hip": "aiter/ops/quant.py",
+    "dynamic_per_tensor_quant": "aiter/ops/quant.py",
+    "dynamic_per_token_scaled_quant": "aiter/ops/quant.py",
+    "static_per_tensor_quant": "aiter/ops/quant.py",
+    "rmsnorm2d_fwd": "aiter/ops/rmsnorm.py",
+    "rmsnorm2d_fwd_with_dynamicquant": "aiter/ops/rmsnorm.py",
+    "layernorm2d_fwd": "aiter/ops/norm.py",
+    # Commented out in 0.1.7 (aiter/ops/norm.py): reported missing there.
+    "layernorm2d_fwd_with_dynamicquant": "aiter/ops/norm.py",
+    "silu_and_mul": "aiter/ops/activation.py",
+    "gelu_and_mul": "aiter/ops/activation.py",
+    "scaled_silu_and_mul": "aiter/ops/activation.py",
+}
+
+# E4M3 format AITER computes in, per arch (aiter/utility/dtypes.py: gfx942 -> FNUZ, gfx950 ->
+# OCP; any other arch silently gets uint8 there, so it gets no FP8 here).
+_ARCH_E4M3 = {"gfx942": "e4m3fnuz", "gfx950": "e4m3"}
+# Test doubles (a fake ``aiter`` module) may declare these; the real package never does.
+FAKE_DEVICES_ATTR = "__tealite_fake_devices__"
+FAKE_ARCH_ATTR = "__tealite_fake_arch__"
+_SYNTHETIC_ATTR = "__tealite_synthetic_root__"  # set by _triton_loader on its shell
+
+
+@dataclass
+class Runtime:
+    """The imported AITER: its entry points, the arch and the dtypes it computes in."""
+
+    module: Any
+    version: str | None
+    arch: str
+    devices: tuple[str, ...]
+    functions: dict[str, Callable] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def e4m3_format(self) -> str | None:
+        """tealite's name of the E4M3 format AITER's FP8 ops take here (None: none)."""
+        return _ARCH_E4M3.get(self.arch)
+
+    def dtype(self, name: str) -> torch.dtype:
+        """``aiter.dtypes.<name>`` (fp8, fp4x2, fp8_e8m0): the dtype AITER's wrappers expect."""
+        return getattr(self.module.dtypes, name)
+
+
+_cache: dict[str, Any] = {"module": None, "runtime": None, "import_error": None}
+
+
+def reset() -> None:
+    """Forget the imported AITER (tests swap ``sys.modules["aiter"]``)."""
+    _cache.update(module=None, runtime=None, import_error=None)
+
+
+def _device_arch() -> str:
+    name = torch.cuda.get_device_properties(0).gcnArchName
+    return name.split(":")[0]  # "gfx942:sramecc+:xnack-" -> "gfx942"
+
+
+def _version(module) -> str | None:
+    v = getattr(module, "__version__", None)
+    if v:
+        return str(v)
+    try:
+        from importlib import metadata
+        return metadata.version("amd-aiter")
+    except Exception:
+        return None
+
+
+def _import_aiter():
+    """The ``aiter`` module, or raise ImportError with the reason."""
+    held = sys.modules.get("aiter")
+    if held is not None and held is _cache["module"]:
+        return held
+    if held is None and _cache["import_error"] is not None:
+        raise ImportError(_cache["import_error"])
+    try:
+        module = importlib.import_module("aiter")
+    except Exception as exc:  # any failure of AITER's init (no hipconfig, JIT, ...) is the reason
+        _cache["import_error"] = f"import aiter failed: {type(exc).__name__}: {exc}"
+        raise ImportError(_cache["import_error"]) from exc
+    if getattr(module, _SYNTHETIC_ATTR, None):
+        raise ImportError("sys.modules['aiter'] is tealite's synthetic Triton-only shell (the "
+                          "aiter_triton loader ran first in this process); AITER's HIP/CK ops "
+                          "are not loaded -- import aiter before loading AITER's Triton kernels")
+    return module
+
+
+def _build_runtime(module) -> Runtime:
+    arch = getattr(module, FAKE_ARCH_ATTR, None) or _device_arch()
+    devices = tuple(getattr(module, FAKE_DEVICES_ATTR, None) or ("cuda",))
+    rt = Runtime(module=module, version=_version(module), arch=arch, devices=devices)
+    for name, where in ENTRY_POINTS.items():
+        fn = getattr(module, name, None)
+        if callable(fn):
+            rt.functions[name] = fn
+        else:
+            rt.missing[name] = (f"aiter {rt.version or '(unknown version)'} has no "
+                                f"aiter.{name} (0.1.7.post2 defines it in {where})")
+    return rt
+
+
+def runtime() -> Runtime:
+    """The imported AITER (imports it on first use); raises ImportError with the reason."""
+    module = _import_aiter()
+    if _cache["runtime"] is None or _cache["module"] is not module:
+        _cache.update(module=module, runtime=_build_runtime(module), import_error=None)
+    return _cache["runtime"]
+
+
+def _probe() -> str | None:
+    if torch.version.hip is None:
+        return ("torch is not a ROCm build (torch.version.hip is None): AITER's CK/ASM/HIP ops "
+                "need ROCm and an AMD GPU (MI300 gfx942 / MI350 gfx950)")
+    if not torch.cuda.is_available():
+        return "ROCm torch sees no GPU"
+    try:
+        runtime()
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+def why_missing(*entry_points: str) -> str | None:
+    """None when the imported AITER has every named entry point, else which and why not."""
+    rt = runtime()
+    gone = [rt.missing.get(e, f"{e}: not in tealite's AITER entry-point table")
+            for e in entry_points if e not in rt.functions]
+    return "; ".join(gone) if gone else None
+
+
+def common_why_not(params: Mapping[str, Any], *entry_points: str) -> str | None:
+    """Reasons shared by every implementation: the device AITER runs on, missing entry
+    points.  (Called from ``check=`` after the probe passed.)"""
+    rt = runtime()
+    device = params.get("device", "cpu")
+    if device not in rt.devices:
+        return f"AITER runs on {list(rt.devices)}, not {device}"
+    return why_missing(*entry_points)
+
+
+BACKEND = register_backend(Backend(
+    name=NAME, probe=_probe, auto_dispatch=False,
+    description="AITER on ROCm: CK/ASM/HIP ops (never run on AMD hardware yet; see "
+                "tealite/backends/aiter/__init__.py)"))
+BACKEND_BPRESHUFFLE = register_backend(Backend(
+    name=NAME + "_bpreshuffle", probe=_probe, auto_dispatch=False,
+    description="AITER on ROCm with pre-shuffled weights (the *_bpreshuffle CK GEMMs; never "
+                "run on AMD hardware yet)"))
+
+# Every family module registers its implementations and declares its contracts on import.
+FAMILIES = ("activations", "fused", "norms", "qgemm", "quantize")
+for _family in FAMILIES:
+    importlib.import_module(f"{__name__}.{_family}")

@@ -31,6 +31,17 @@ Why each step (amd-aiter 0.1.7.post2; measured facts in NUMERICS.md):
 5. Under ``TRITON_INTERPRET=1``, AITER's FP8 quant kernels hint ``tl.assume(pid > 0)``, false
    for program 0: a compiler merely trusts the hint, the interpreter asserts it.  While an
    AITER kernel runs in the interpreter its assume check is a no-op (and ``notes`` says so).
+   Some AITER launch grids are lists (``lambda meta: [n]``), which the interpreter cannot
+   extend with a tuple: an interpreted AITER kernel's grid is passed as a tuple.
+6. ``aiter/__init__.py`` also binds ``aiter.dtypes`` (``from .utility import dtypes``), which
+   ``fused_fp8_quant.py`` and ``activation.py`` read at import (``aiter.dtypes.fp8``, their
+   default FP8 output dtype).  ``aiter/utility/dtypes.py`` picks that dtype from
+   ``aiter.jit.utils.chip_info.get_gfx()`` (rocminfo; gfx942 -> FNUZ, gfx950 -> OCP, any
+   other arch -> uint8).  Under the synthetic parent the loader registers a ``chip_info`` whose
+   ``get_gfx()`` returns the arch AITER's Triton code sees (the pinned one, or on ROCm the
+   native one), imports the real ``dtypes.py`` and binds it as ``aiter.dtypes``.
+7. With no GPU, ``_rmsnorm_backward`` allocates its dgamma workspace with ``device="cuda"``
+   written out: in that module only, ``torch.empty(..., device="cuda")`` allocates on the CPU.
 """
 from __future__ import annotations
 
@@ -90,6 +101,10 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
 }
 _ARCH_INFO = "utils._triton.arch_info"
 _DEVICE_INFO = "utils.device_info"
+_CHIP_INFO = f"{PACKAGE}.jit.utils.chip_info"
+_DTYPES = f"{PACKAGE}.utility.dtypes"
+# Entry points whose module allocates with device="cuda" written out (step 7).
+_CUDA_BY_NAME = ("_rmsnorm_backward",)
 
 
 class AiterNotFound(ImportError):
@@ -254,6 +269,20 @@ def _install_parent_package(root: Path) -> bool:
     return True
 
 
+def _import_real_package_on_rocm(rocm: bool, how: str) -> str | None:
+    """On ROCm, import the installed package itself first, so its init runs and the ``aiter``
+    backend (HIP ops) sees the real package rather than this loader's shell.  Returns the
+    import error, if any (the shell is used then)."""
+    if not rocm or how != "installed package" or PACKAGE in sys.modules:
+        return None
+    try:
+        importlib.import_module(PACKAGE)
+    except Exception as exc:  # reported in notes; the Triton kernels may still load
+        sys.modules.pop(PACKAGE, None)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def _import(rel: str) -> types.ModuleType:
     return importlib.import_module(f"{OPS}.{rel}")
 
@@ -294,6 +323,53 @@ def _stub_num_sms() -> None:
     _rebind(original, get_num_sms)
 
 
+def _bind_dtypes(arch: str) -> types.ModuleType:
+    """Import ``aiter/utility/dtypes.py`` with ``get_gfx() == arch`` and bind ``aiter.dtypes``
+    (what ``aiter/__init__.py`` does; its own ``chip_info`` needs rocminfo and jit helpers on
+    ``sys.path``)."""
+    if _DTYPES not in sys.modules:
+        chip = sys.modules.get(_CHIP_INFO)
+        if chip is None:
+            chip = types.ModuleType(_CHIP_INFO, f"tealite's stand-in for AITER's chip_info: "
+                                                f"get_gfx() is {arch} (AITER's Triton arch)")
+
+            def get_gfx() -> str:
+                return arch
+
+            chip.get_gfx = get_gfx
+            sys.modules[_CHIP_INFO] = chip
+    dtypes = importlib.import_module(_DTYPES)
+    sys.modules[PACKAGE].dtypes = dtypes
+    return dtypes
+
+
+class _TorchAllocatingOnCpu:
+    """``torch`` for a module that writes ``device="cuda"``: allocations land on the CPU."""
+
+    def __init__(self, torch_module):
+        self._torch = torch_module
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def empty(self, *args, **kwargs):
+        if str(kwargs.get("device", "")) == "cuda":
+            kwargs["device"] = "cpu"
+        return self._torch.empty(*args, **kwargs)
+
+
+def _allocate_on_cpu(result: AiterTriton) -> list[str]:
+    """Patch the modules of :data:`_CUDA_BY_NAME` entry points; returns those patched."""
+    import torch
+    patched = []
+    for name in _CUDA_BY_NAME:
+        fn = result.functions.get(name)
+        if fn is not None and fn.__globals__.get("torch") is torch:
+            fn.__globals__["torch"] = _TorchAllocatingOnCpu(torch)
+            patched.append(name)
+    return patched
+
+
 # ---- launch-time patches -------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -318,7 +394,16 @@ def _innermost_kernel(obj):
     return obj
 
 
-def _wrap_launch(kernel, drop: tuple[str, ...], unchecked_assume: bool) -> bool:
+def _grid_as_tuple(grid):
+    """AITER writes some grids as lists (``lambda meta: [n]``); the GPU launcher indexes them,
+    the interpreter concatenates them with a tuple and raises TypeError."""
+    if callable(grid):
+        return lambda meta: _grid_as_tuple(grid(meta))
+    return tuple(grid) if isinstance(grid, list) else grid
+
+
+def _wrap_launch(kernel, drop: tuple[str, ...], unchecked_assume: bool, *,
+                 interpreted: bool = False) -> bool:
     if getattr(kernel, "_tealite_launch_wrapped", False):
         return False
     launch = kernel.run
@@ -328,6 +413,8 @@ def _wrap_launch(kernel, drop: tuple[str, ...], unchecked_assume: bool) -> bool:
     def run(*args, **kwargs):
         for name in drop:
             kwargs.pop(name, None)
+        if interpreted and "grid" in kwargs:
+            kwargs["grid"] = _grid_as_tuple(kwargs["grid"])
         if unchecked_assume:
             with _interpreter_assume_unchecked():
                 return launch(*args, **kwargs)
@@ -352,7 +439,7 @@ def _wrap_all_kernels(drop: tuple[str, ...]) -> tuple[int, int]:
             if isinstance(value, KernelInterface):
                 kernel = _innermost_kernel(value)
                 unchecked = assume_hook and _is_interpreted(kernel)
-                if _wrap_launch(kernel, drop, unchecked):
+                if _wrap_launch(kernel, drop, unchecked, interpreted=_is_interpreted(kernel)):
                     wrapped += 1
                     interpreted += unchecked
     return wrapped, interpreted
@@ -395,9 +482,13 @@ def load(path: str | os.PathLike | None = None, *, arch: str | None = None) -> A
     if any(k[0] == str(root) for k in _loaded):
         raise RuntimeError(f"AITER from {root} is already loaded with arch "
                            f"{[k[1] for k in _loaded]}; one process pins one arch")
+    init_error = _import_real_package_on_rocm(rocm, how)
     shell = _install_parent_package(root)
     result = AiterTriton(root=str(root), found_via=how, version=_version(root), arch=arch,
                          arch_pinned=pinned, dropped_launch_options=())
+    if init_error:
+        result.notes.append(f"import aiter failed on ROCm ({init_error}); using the Triton "
+                            "kernels without its init")
     if not shell:
         result.notes.append("the real aiter package is imported; its own init ran")
     try:
@@ -406,6 +497,14 @@ def load(path: str | os.PathLike | None = None, *, arch: str | None = None) -> A
             _pin_arch(arch)
         else:  # ROCm: AITER asks the driver; record what it sees (FNUZ FP8 on gfx942)
             result.arch = _import(_ARCH_INFO).get_arch()
+        if shell:
+            try:
+                fp8 = _bind_dtypes(result.arch).fp8
+            except Exception as exc:  # modules that read aiter.dtypes then land in `missing`
+                result.notes.append(f"aiter.dtypes not bound: {type(exc).__name__}: {exc}")
+            else:
+                result.notes.append(f"aiter.dtypes bound with get_gfx() = {result.arch} "
+                                    f"(dtypes.fp8 = {fp8})")
         if not _has_gpu():
             _stub_num_sms()
             result.notes.append(f"no GPU: get_num_sms() returns {INTERPRETER_NUM_SMS}")
@@ -413,6 +512,9 @@ def load(path: str | os.PathLike | None = None, *, arch: str | None = None) -> A
         raise AiterNotFound(f"{root}: importing {OPS} failed: {type(exc).__name__}: {exc}") \
             from exc
     _load_entry_points(result)
+    if shell and not _has_gpu():
+        for name in _allocate_on_cpu(result):
+            result.notes.append(f"no GPU: {name}'s device='cuda' allocations go to the CPU")
     drop = () if rocm else AMD_ONLY_LAUNCH_OPTIONS
     wrapped, interpreted = _wrap_all_kernels(drop)
     result.dropped_launch_options = drop

@@ -10,7 +10,7 @@ import torch
 
 from tealite import recipes as R
 from tealite.backends.torch import BACKEND
-from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
+from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
 from tealite.ops.quantize import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -102,6 +102,47 @@ def _te_scale(amax: torch.Tensor, fmt, force_pow2: bool, eps: float) -> torch.Te
     return scale
 
 
+def _is_aiter_rule(recipe) -> bool:
+    return isinstance(recipe, R.Float8CurrentScaling) and \
+        recipe.scale_rule is FP8ScaleRule.AMAX_OVER_FMAX
+
+
+def _aiter_row_amax(x32: torch.Tensor) -> torch.Tensor:
+    """AITER's per-row amax (tealite.recipes): max |x| ignoring NaN, NaN for a row of only
+    NaN, 0 for an empty row."""
+    a = x32.abs()
+    if a.shape[1] == 0:
+        return torch.zeros(a.shape[0], device=a.device)
+    nan = torch.isnan(a)
+    rows = torch.where(nan, torch.zeros_like(a), a).amax(dim=1)
+    return torch.where(nan.all(dim=1), torch.full_like(rows, torch.nan), rows)
+
+
+def _aiter_amax(x32: torch.Tensor, per_row: bool) -> torch.Tensor:
+    """Per row, or per tensor (1,): the row amaxes' max with NaN winning (0 for no rows)."""
+    rows = _aiter_row_amax(x32)
+    if per_row:
+        return rows
+    if rows.numel() == 0:
+        return torch.zeros(1, device=x32.device)
+    return rows.amax().reshape(1)  # torch's amax propagates NaN, as AITER's atomic max does
+
+
+def _aiter_fp8(x32: torch.Tensor, recipe):
+    """(codes, scale_inv) under AITER's rule: scale_inv = amax / max, codes = cast(x * (1 /
+    scale_inv)), all in fp32 with no special cases (amax 0 -> NaN codes)."""
+    fmt = get_format(recipe.fmt)
+    per_row = recipe.granularity == "row"
+    s_inv = _aiter_amax(x32, per_row) / torch.tensor(fmt.max, dtype=torch.float32,
+                                                     device=x32.device)
+    recip = torch.reciprocal(s_inv)  # IEEE on the CPU and on CUDA / ROCm (no fast-math)
+    v = x32 * (recip.unsqueeze(1) if per_row else recip)
+    codes = _fp8_cast_rne(v, fmt)
+    if recipe.saturation is Saturation.NONFINITE:
+        codes = _overflow_to_nonfinite(v, codes, fmt)
+    return codes, s_inv
+
+
 def _exponent_field(a: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int32) >> _F32_MANT) & 0xFF
 
@@ -155,6 +196,8 @@ def _mx_rowwise(x: torch.Tensor, recipe: R.MXBlockScaling):
 def _fp8_rowwise(x: torch.Tensor, recipe, scale):
     fmt = get_format(recipe.fmt)
     x32 = x.float()
+    if _is_aiter_rule(recipe):
+        return _aiter_fp8(x32, recipe)
     if isinstance(recipe, R.DelayedScaling):
         s = expand = scale
     elif isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "tensor":
@@ -186,7 +229,10 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
 
 
 def _recipe_amax(x: torch.Tensor, recipe):
-    """The amax the recipe reports for x: per tensor, per row, or None (block / MX)."""
+    """The amax the recipe reports for x: per tensor, per row, or None (block / MX, and
+    AITER's scale rule: its kernels report none)."""
+    if _is_aiter_rule(recipe):
+        return None
     if isinstance(recipe, R.DelayedScaling) or (
             isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "tensor"):
         return _amax(x).reshape(1)

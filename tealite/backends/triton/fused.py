@@ -39,7 +39,7 @@ from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.activations import act_f32
 from tealite.backends.triton.norms import effective_weight
-from tealite.formats import ElementRounding, Saturation, get_format
+from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, get_format
 from tealite.ops.activations import GATED
 from tealite.ops.quantize import QuantizedTensor
 
@@ -241,6 +241,13 @@ def _quant_args(recipe) -> tuple[float, float]:
 
 
 def _why_not(params) -> str | None:
+    recipe = params.get("recipe")
+    if isinstance(recipe, R.Float8CurrentScaling) and \
+            recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
+        return (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: these "
+                "kernels compute TE's scale = fmax / amax")
+    if params["fmt"] == "e2m1":
+        return "MXFP4 (e2m1 elements) is not fused here: these kernels encode FP8 elements"
     n = params["n_out"]
     if n > _MAX_ROW:
         return f"row of {n} outputs > {_MAX_ROW} (whole rows are held in registers)"

@@ -15,8 +15,9 @@ rowwise only, keeps a row in registers (one pass, rows up to 65536); with ``colu
 scales are per column of x) or longer rows it takes two tiled passes: row and column amaxes,
 then one cast-transpose.
 
-Every recipe is supported (saturating and non-saturating casts), so ``quantize`` declares no
-``check``: nothing is rejected.
+Every recipe is supported (saturating and non-saturating casts) except current scaling with
+AITER's scale rule (``FP8ScaleRule.AMAX_OVER_FMAX``), which ``check`` rejects: these kernels
+compute TE's scale = fmax / amax.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _m
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.quantize_block import quantize_block
 from tealite.backends.triton.quantize_mx import quantize_mx
-from tealite.formats import Saturation, get_format
+from tealite.formats import FP8ScaleRule, Saturation, get_format
 from tealite.ops.quantize import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -354,7 +355,16 @@ def _quantize_per_row(out: QuantizedTensor, x: torch.Tensor, recipe, rowwise: bo
             out.amax = _per_row(x, recipe)[2]
 
 
-@BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES)
+def _why_not(params) -> str | None:
+    recipe = params["recipe"]
+    if isinstance(recipe, R.Float8CurrentScaling) and \
+            recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
+        return (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: these "
+                "kernels compute TE's scale = fmax / amax")
+    return None
+
+
+@BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape))
     if isinstance(recipe, R.MXBlockScaling):
