@@ -64,3 +64,35 @@ def test_interpreter_bf16_workarounds_round_to_nearest_even():
     ln = tealite.layernorm_fwd(torch.zeros(1, 1, dtype=torch.bfloat16, device=DEV),
                                torch.ones(1, device=DEV), beta, backend="triton")
     assert ln.y.item() == 0.392578125  # RNE; truncation would give 0.390625
+
+
+def test_interpreter_decodes_an_fp8_nan_code_as_a_finite_value():
+    """Why aiter_triton's qgemm rejects NaN FP8 operand codes under the interpreter
+    (tealite/backends/aiter_triton/qgemm.py: INTERPRETER_FP8_NAN): e4m3fn 0x7F, converted or
+    fed to tl.dot, comes out as 480.0.  If a Triton release fixes this, this test fails and
+    the rejection can go."""
+    import os
+
+    import triton
+    import triton.language as tl
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a fact about Triton's CPU interpreter")
+
+    @triton.jit
+    def convert(x_ptr, o_ptr, DOT: tl.constexpr):
+        i = tl.arange(0, 16)
+        x = tl.load(x_ptr + i[:, None] * 16 + i[None, :])
+        if DOT:
+            tl.store(o_ptr + i[:, None] * 16 + i[None, :], tl.dot(x, x))
+        else:
+            tl.store(o_ptr + i[:, None] * 16 + i[None, :], x.to(tl.float32))
+
+    x = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    x.view(torch.uint8)[0, 0] = 0x7F
+    assert torch.isnan(x[0, 0].float())  # torch's decode: NaN
+    out = torch.empty(16, 16)
+    convert[(1,)](x, out, DOT=False)
+    assert out[0, 0].item() == 480.0
+    convert[(1,)](x, out, DOT=True)
+    assert out[0, 0].item() == 480.0 ** 2  # x[0, 0] * x[0, 0]: a NaN would give NaN

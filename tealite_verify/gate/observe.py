@@ -19,7 +19,7 @@ import tealite
 from tealite import recipes as R
 from tealite.backends.aiter import contracts as aiter_contracts
 from tealite.errors import BackendUnavailable, UnsupportedCase
-from tealite.formats import ElementRounding, ScaleRounding
+from tealite.formats import ElementRounding, FP8ScaleRule, ScaleRounding
 from tealite_verify.references import quantize as qref
 
 F32 = np.float32
@@ -67,23 +67,88 @@ def _mx_recipe(c: aiter_contracts.Contract):
     return R.MXBlockScaling(fmt, sr, er)
 
 
-def observe_contract(c: aiter_contracts.Contract, device: str) -> dict | None:
-    """What probing shows for one declared contract, or None when it has no probe."""
-    if c.op != "quantize" or c.family not in ("mxfp4", "mxfp8"):
-        return None
+def fp8_probe_input(rows: int = 32, cols: int = 96, seed: int = 20261123) -> np.ndarray:
+    """float32 (rows, cols) for per-tensor / per-row FP8 probes.  Every row's amax is 4.75, so
+    both granularities see the amax at which the two scale rules' fp32 roundings differ
+    (fl(448 / 4.75) vs fl(1 / fl(4.75 / 448))): 3.5625 encodes 0x7A under TE's rule and 0x7B
+    under AITER's.  The rest is uniform in (-4.75, 4.75), where the rules' multipliers split
+    many more codes."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-4.75, 4.75, size=(rows, cols)).astype(F32)
+    x[:, 0] = F32(4.75)
+    x[:, 1] = F32(3.5625)
+    x[:, 2] = F32(-3.5625)
+    return x
+
+
+def _fp8_matches(bits, scale_inv, x, fmt, granularity) -> list[str]:
+    found = []
+    for rule, rounding in itertools.product(("fmax/amax", "amax/fmax"), ("rne", "ties_away")):
+        if rule == "amax/fmax":
+            a = qref.aiter_amax(x, per_row=granularity == "row")
+            s_inv = qref.aiter_scale_inv(a, fmt)
+            v = qref.aiter_scaled(x, s_inv[:, None] if granularity == "row" else s_inv[0])
+        else:
+            a = qref.amax(x, axis=1 if granularity == "row" else None).reshape(-1)
+            s = qref.te_scale_from_amax(a, fmt)
+            s_inv = qref.reciprocal(s)
+            with np.errstate(over="ignore", invalid="ignore"):
+                v = (x * (s[:, None] if granularity == "row" else s[0])).astype(F32)
+        want = qref.codes_to_bits(qref.round_elements(v, fmt, rounding=rounding))
+        if np.array_equal(want, bits) and np.array_equal(s_inv.reshape(-1),
+                                                         scale_inv.reshape(-1)):
+            found.append(f"{rule}/{rounding}")
+    return found
+
+
+def _observe_fp8(c: aiter_contracts.Contract, device: str) -> dict:
+    from tealite.backends.aiter_triton import quantize as aq
+    fmt = aq._fp8_name(aq.kernels())
+    granularity = "row" if "token" in c.entry_point else "tensor"
+    recipe = R.Float8CurrentScaling(fmt, granularity, scale_rule=FP8ScaleRule.AMAX_OVER_FMAX)
+    x = fp8_probe_input()
+    saved = aq.REJECT_FP8_IN_INTERPRETER
+    aq.REJECT_FP8_IN_INTERPRETER = False  # a probe records what runs, interpreter cast and all
     try:
-        recipe = _mx_recipe(c)
-    except ValueError as exc:
-        return {"matches": [], "error": f"contract not probeable: {exc}"}
+        q = tealite.quantize(torch.from_numpy(x).to(device), recipe, backend=c.backend)
+    finally:
+        aq.REJECT_FP8_IN_INTERPRETER = saved
+    bits = q.data.view(torch.uint8).cpu().numpy()
+    return {"probe": f"fp8 {fmt} {granularity} {x.shape}",
+            "matches": _fp8_matches(bits, q.scale_inv.float().cpu().numpy(), x, fmt,
+                                    granularity)}
+
+
+def _observe_mx(c: aiter_contracts.Contract, device: str) -> dict:
+    from tealite.backends import aiter_triton
+    recipe = _mx_recipe(c)
     x = mx_probe_input()
+    saved = aiter_triton.REJECT_MXFP4_ON_NVIDIA
+    aiter_triton.REJECT_MXFP4_ON_NVIDIA = False  # a probe records what runs
     try:
         bits, scales = _run_mx(c.backend, recipe, x, device)
-    except (UnsupportedCase, BackendUnavailable) as exc:
+    finally:
+        aiter_triton.REJECT_MXFP4_ON_NVIDIA = saved
+    return {"probe": f"mx {recipe.fmt} {x.shape}", "matches": _mx_matches(bits, scales, x,
+                                                                           recipe.fmt)}
+
+
+def observe_contract(c: aiter_contracts.Contract, device: str) -> dict | None:
+    """What probing shows for one declared contract, or None when it has no probe."""
+    if c.op != "quantize":
+        return None
+    if c.backend == "aiter_triton" and c.family == "fp8-current":
+        probe = _observe_fp8
+    elif c.family in ("mxfp4", "mxfp8"):
+        probe = _observe_mx
+    else:
+        return None
+    try:
+        return probe(c, device)
+    except (UnsupportedCase, BackendUnavailable, ValueError) as exc:
         return {"matches": [], "error": f"{type(exc).__name__}: {exc}"}
     except Exception as exc:  # a crashing kernel is an observation too
         return {"matches": [], "error": f"{type(exc).__name__}: {exc}"}
-    return {"probe": f"mx {recipe.fmt} {x.shape}", "matches": _mx_matches(bits, scales, x,
-                                                                           recipe.fmt)}
 
 
 def observe_all(device: str) -> dict:

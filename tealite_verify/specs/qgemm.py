@@ -159,4 +159,10 @@ register(OpSpec(
         _smoke(_BLK, dict(_BLK, block=[1, 128]), "NT", 20, 130, 300, out_dtype="float32"),
         _smoke(_MX4, _MX4, "TN", 16, 24, 128),
         _smoke(_MX8, dict(_MX8, fmt="e5m2"), "TT", 0, 8, 64),
+        # Shapes AITER's Triton GEMMs route to their other entry points (per-token scales;
+        # MXFP4 with pre-shuffled scales, and with pre-shuffled weights and scales), so the
+        # gate's case set reaches them: random draws rarely do.
+        _smoke(_ROW, _ROW, "TN", 40, 64, 128, out_dtype="float16"),
+        _smoke(_MX4, _MX4, "TN", 40, 48, 256, out_dtype="float16"),
+        _smoke(_MX4, _MX4, "TN", 40, 64, 256, out_dtype="float16"),
     )))

@@ -51,13 +51,16 @@ BACKEND = register_backend(Backend(
 # ``unbiased_exponent.to(tl.uint8) + 127``: a float -> uint8 conversion of a negative number,
 # poison in LLVM.  The interpreter (numpy) wraps it, giving the intended byte; on NVIDIA the
 # conversion saturates to 0, so every block with amax < 4 gets scale byte 127 (measured on an
-# H100: docs/device-runs.md).  AITER's results on AMD imply its lowering wraps there.  Until
-# AITER clamps before the cast, its MXFP4 entry points are rejected on NVIDIA (tests flip
-# this switch to show the divergence as a strict expected failure).
+# H100: docs/device-runs.md).  AITER's results on AMD imply its lowering wraps there.  Also
+# measured there: a -Inf element of an Inf block is encoded +6 (0x7), not -6 (its multiplier
+# exp2(-127) is subnormal, presumably flushed to zero, and -Inf * 0 is a positive NaN).
+# Until AITER clamps before the cast, its MXFP4 entry points are rejected on NVIDIA (tests flip
+# this switch to show both divergences as strict expected failures).
 NVIDIA_MXFP4_SCALE_CAST = (
     "AITER's MXFP4 quantizer converts a negative float exponent to uint8 "
     "(.to(tl.uint8), undefined in LLVM): NVIDIA saturates it to 0, giving scale byte 127 for "
-    "every block with amax < 4 (it wraps under AMD's lowering and in the interpreter)")
+    "every block with amax < 4 (it wraps under AMD's lowering and in the interpreter); -Inf "
+    "in an Inf block also comes out +6 there")
 REJECT_MXFP4_ON_NVIDIA = True
 
 

@@ -71,6 +71,7 @@ import triton
 
 from tealite import recipes as R
 from tealite._checks import require
+from tealite.errors import UnsupportedCase
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.backends.aiter_triton.gemm import (INTERPRETER_BF16_STORE, TENSOR_CORE_U,
@@ -436,6 +437,19 @@ def _codes(codes: torch.Tensor, fmt: str, rows: int, k: int, name: str) -> torch
 
 # ---- the implementation -----------------------------------------------------------------------
 
+# Measured with triton 3.9's interpreter: loading e4m3fn code 0x7F (NaN) and converting it (or
+# dotting it) gives 480.0, a finite value, so a NaN operand code yields a finite product there;
+# on a GPU the conversion gives NaN.  The case is data-dependent (NaN inputs, or overflow under
+# a non-saturating recipe), so it is rejected at call time, with this reason
+# (tests/test_aiter_qgemm.py proves the interpreter behaviour).
+INTERPRETER_FP8_NAN = ("the interpreter converts an FP8 NaN code (e4m3fn 0x7F) to the finite "
+                       "480.0, so NaN operand codes would give finite products")
+
+
+def _has_nan(codes: torch.Tensor) -> bool:
+    return codes.dtype.is_floating_point and bool(torch.isnan(codes.float()).any())
+
+
 def _run_fp8(entry, fn, cfg, ra, a, sa, rb, b, sb, m, n, out_dtype, bias):
     sx = _fp32_vector(sb, m, _per_tensor(rb), "b")
     sw = _fp32_vector(sa, n, _per_tensor(ra), "a")
@@ -475,6 +489,8 @@ def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, 
     cfg = _config(entry, m, n, k)
     a = _codes(a_codes, recipe_a.fmt, n, k, "a")
     b = _codes(b_codes, recipe_b.fmt, m, k, "b")
+    if INTERPRET and kind != "mx" and (_has_nan(a) or _has_nan(b)):
+        raise UnsupportedCase(f"{entry} under Triton's interpreter: {INTERPRETER_FP8_NAN}")
     if kind == "fp8":
         y = run_or_unsupported(_run_fp8, entry, fn, cfg, recipe_a, a, a_scales, recipe_b, b,
                                b_scales, m, n, out_dtype, bias)
