@@ -57,11 +57,17 @@ def _variants(TQ, TQB, TQMX):
     # Tile order (GROUP_M tile rows per group, _codecs._tile_ids) on the best tiles.
     ct += [dict(BM=bm, BN=bn, num_warps=w, GROUP_M=g) for bm, bn, w in
            [(64, 128, 4), (128, 64, 4)] for g in (4, 16, 64)]
+    ct += [dict(BM=bm, BN=bn, num_warps=w, GROUP_M=1) for bm, bn, w in
+           [(32, 64, 1), (32, 128, 1), (64, 64, 2), (32, 128, 2), (64, 128, 2)]]
     mx_row = [(32, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4), (64, 64, 4), (128, 128, 8)]
     mx_ct = [(128, 64, 8), (64, 64, 4), (64, 128, 8), (128, 128, 8), (128, 128, 16),
              (128, 64, 4), (128, 32, 4)]
     # A 4th entry is GROUP_M (tile order); only the cast-transpose sweeps it.
     mx_ct += [(bm, bn, w, g) for bm, bn, w in [(64, 64, 4), (128, 32, 4)] for g in (4, 16, 64)]
+    # One- and two-warp tiles: a 32-row block's column amax then needs no cross-warp
+    # reduction (no shared-memory round trip and barrier per tile); many small CTAs per SM.
+    mx_ct += [(32, 64, 1), (32, 128, 1), (32, 64, 2), (32, 128, 2), (64, 64, 2), (64, 64, 1),
+              (32, 256, 2)]
     cur = R.Float8CurrentScaling("e4m3")
     row = R.Float8CurrentScaling("e4m3", granularity="row")
     blk = R.Float8BlockScaling("e4m3", (1, 128))
@@ -88,7 +94,7 @@ def _variants(TQ, TQB, TQMX):
                            lambda m, k: 2 * m * k + codes(m, k, 1) + 4 * m * k // 128),
         "block1x128-ct": (blk, True, True, TQB._TILES, (1, True, True),
                           [(128, 128, 8), (128, 128, 4), (128, 128, 16), (128, 128, 4, 4),
-                           (128, 128, 4, 16), (128, 128, 4, 64)],
+                           (128, 128, 4, 16), (128, 128, 4, 64), (128, 128, 2), (128, 128, 1)],
                           lambda m, k: 2 * m * k + codes(m, k, 2) + 8 * m * k // 128),
     }
     for name, recipe, per in (("mxfp8", R.MXFP8BlockScaling("e4m3"), 1.0),
