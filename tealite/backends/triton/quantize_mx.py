@@ -45,7 +45,7 @@ MX_BLOCK = 32
 # (MXFP8) and 31.3 % (MXFP4), against 36.6 % and 26.9 % for 64x64/4 and 32 % / 18 % for
 # 128x64/8 -- a 32-row tile on few warps keeps each column block's amax inside a warp (no
 # shared-memory reduction and barrier per tile).  (32x128/2 is 51.9 % for MXFP8 but 28.2 % for
-# MXFP4; one warp spills for MXFP4.)
+# MXFP4; one warp spills for MXFP4.)  Columnwise-only takes the same tile (not swept apart).
 _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True): (32, 64, 2)}
 
 
