@@ -2,7 +2,7 @@
 ``$TEALITE_AITER_PATH``), on the CPU through Triton's interpreter.
 
 * Proof: a copy of the installed AITER with one kernel's rounding constant changed fails the
-  gate; an unchanged copy passes it.
+  gate; an unchanged copy passes it; a copy with a module moved fails it (vanished entry point).
 * The committed baseline (ci/baselines/) still describes the installed AITER: ``gate compare``
   against it passes — the same check the CI workflow runs on a pin bump.
 
@@ -89,6 +89,21 @@ def test_the_gate_passes_on_an_unchanged_copy(copies, tmp_path):
               str(tmp_path / "report.json"), cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads((tmp_path / "report.json").read_text())["regressions"] == []
+
+
+def test_the_gate_fails_when_a_module_moves(copies, tmp_path):
+    """A release that moves a module where this loader does not look (AITER moved its Triton
+    modules between versions): the entry point is reported missing, and the gate fails."""
+    _, _, baseline = copies
+    moved = _copy_aiter(tmp_path / "moved")
+    src = moved / "aiter/ops/triton/gemm_a16w16.py"
+    src.rename(src.with_name("gemm_a16w16_renamed.py"))
+    r = _gate("compare", "--baseline", str(baseline), "--aiter", str(moved), "--json",
+              str(tmp_path / "report.json"), cwd=REPO)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    regressions = json.loads((tmp_path / "report.json").read_text())["regressions"]
+    assert {"kind": "vanished", "where": "entry point gemm_a16w16"} in \
+        [{k: f[k] for k in ("kind", "where")} for f in regressions]
 
 
 @pytest.mark.skipif(not BASELINE.exists(), reason=f"no committed baseline at {BASELINE}")
