@@ -254,7 +254,10 @@ def codes_within(bits, c_lo, c_hi, c_mid, fmt: str, lo, hi, *, live=None,
     nan_ref = np.isnan(np.asarray(lo, F32)) | np.isnan(np.asarray(hi, F32))
     olo, ohi = _ordered(vlo, lo), _ordered(vhi, hi)
     with np.errstate(invalid="ignore"):
-        between = np.isfinite(va) & (olo < va) & (va < ohi)
+        # Inclusive: the only distinct codes equal to an endpoint's value are the two zeros,
+        # and an interval that reaches 0 from either side admits both (y = +-tiny rounds to
+        # the zero of its sign; the sign of an exact 0 is an artefact of operation order).
+        between = np.isfinite(va) & (olo <= va) & (va <= ohi)
         nan_ok = np.isnan(va) & (np.isnan(vlo) | np.isnan(vhi))
         if nan_allowed is not None:
             nan_ok = nan_ok | (np.isnan(va) & nan_allowed)

@@ -529,3 +529,22 @@ def test_norm_and_activation_checks_are_the_plain_ops():
             granularity="row"))
     with raises(r"x dtype must be one of \(float32, bfloat16, float16\), got float64"):
         _ln(x=torch.ones(2, H, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("lo,hi,code,ok", [
+    (-0.0, 2.0 ** -9, 0x00, True),    # +0 inside [-0, x]: reached by tiny positive y
+    (-0.0, 2.0 ** -9, 0x80, True),    # -0 inside [-0, x]
+    (-0.5, 0.0, 0x80, True),          # -0 inside [-x, +0]: reached by tiny negative y
+    (-0.5, 0.0, 0x00, True),
+    (-0.0, 2.0 ** -9, 0x02, False),   # 2^-8 lies above the interval: still caught
+    (-0.5, 0.0, 0x01, False),         # +2^-9 lies above +0: still caught
+])
+def test_code_interval_admits_either_zero_where_the_interval_reaches_zero(lo, hi, code, ok):
+    """Two fuzz findings (findings/*-mismatch-*.json): the code-interval tier compared the
+    endpoints as codes and the inside strictly, so a +0 code failed an interval from -0 up
+    (and -0 one up to +0), although values of either sign inside round to those zeros."""
+    lo_a, hi_a = np.array([lo], np.float32), np.array([hi], np.float32)
+    one = np.float32(1.0)
+    c_lo, c_hi, c_mid = TFU.fp8_code_bounds(lo_a, hi_a, lo_a, one, "e4m3", True)
+    m = TFU.codes_within(np.array([code], np.uint8), c_lo, c_hi, c_mid, "e4m3", lo_a, hi_a)
+    assert m.passed is ok, m.summary()
