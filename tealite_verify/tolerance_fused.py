@@ -431,6 +431,11 @@ class FusedQuantJudge:
         return (f"mx_nonfinite={policy!r} with NaN/Inf in y: the fused judge has only the "
                 "nan-scale rule (not judged)")
 
+    def _mx_scales(self, outputs, numerics):
+        """The backend's E8M0 scale bytes, or why they cannot be judged (a str)."""
+        return self._nonfinite_unjudged(numerics) or \
+            self._tensor(outputs, "scale_inv", torch.uint8)
+
     def check_data(self, outputs, numerics) -> Metrics:
         bits = self._codes(outputs)
         if isinstance(bits, str):
@@ -438,10 +443,7 @@ class FusedQuantJudge:
         lo, hi, _, _ = self.intervals(numerics)
         r = self.recipe
         if r["kind"] == "mx":
-            why = self._nonfinite_unjudged(numerics)
-            if why:
-                return malformed(why)
-            scales = self._tensor(outputs, "scale_inv", torch.uint8)
+            scales = self._mx_scales(outputs, numerics)
             if isinstance(scales, str):
                 return malformed(scales)
             if scales.shape != (self.y.shape[0], -(-self.y.shape[1] // 32)):
@@ -458,10 +460,7 @@ class FusedQuantJudge:
     def check_scale_inv(self, outputs, numerics) -> Metrics:
         r = self.recipe
         if r["kind"] == "mx":
-            why = self._nonfinite_unjudged(numerics)
-            if why:
-                return malformed(why)
-            scales = self._tensor(outputs, "scale_inv", torch.uint8)
+            scales = self._mx_scales(outputs, numerics)
             if isinstance(scales, str):
                 return malformed(scales)
             _, _, a_lo, a_hi = self.intervals(numerics)

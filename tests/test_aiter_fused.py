@@ -291,7 +291,7 @@ def test_a_seeded_wrong_variant_is_caught(op, c, entry, wrap, broken, at, monkey
 def test_a_missing_entry_point_is_rejected_with_its_reason(op, c, entry, at, monkeypatch,
                                                           mxfp4_on_nvidia):
     # (both rejections lifted: on NVIDIA the MXFP4 one is checked before the missing entry)
-    monkeypatch.setattr(F, "REJECT_FP8_IN_INTERPRETER", False)
+    monkeypatch.setattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER", False)
     monkeypatch.delitem(at.functions, entry)
     monkeypatch.setitem(at.missing, entry, "ModuleNotFoundError: moved in this version (test)")
     outcome = report(op, c, [NAME]).outcomes[NAME]
@@ -400,7 +400,7 @@ def test_fp8_entry_points_fail_only_under_the_interpreter(op, c, entry, monkeypa
     """The FP8 entry points with the interpreter rejection lifted: they fail in the
     interpreter (strict xfail: if it gets fixed this XPASSes and the rejection must go) and
     pass on a GPU."""
-    monkeypatch.setattr(F, "REJECT_FP8_IN_INTERPRETER", False)
+    monkeypatch.setattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER", False)
     rep = report(op, c, ["torch", NAME])
     assert rep.outcomes[NAME].status == "ok", rep.describe()
     assert rep.outcomes[NAME].numerics["entry_point"] == entry

@@ -20,6 +20,8 @@ from tealite.errors import UnsupportedCase
 from tealite_verify import profiles
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
+
+from _helpers_aiter import mine_failed, ran
 from tealite_verify.specs.gemm import make_case
 
 AT = registry.get_backend("aiter_triton")
@@ -35,20 +37,6 @@ PEERS = ["aiter_triton", "torch"]
 
 def _run(case, backends=PEERS):
     return run_case(SPEC, case, backends=backends, device=DEV)
-
-
-def _ran(report):
-    """The backend's outcome; a skip (with AITER's reason) when its tuned config does not fit
-    this GPU (AITER's MI350X configs can need more shared memory than an NVIDIA GPU has)."""
-    outcome = report.outcomes["aiter_triton"]
-    if outcome.status == "unsupported" and "does not fit this device" in (outcome.reason or ""):
-        pytest.skip(outcome.reason)
-    assert outcome.status == "ok", report.describe()
-    return outcome
-
-
-def _mine_failed(report) -> bool:
-    return any("aiter_triton" in (c.lhs, c.rhs) for c in report.failures)
 
 
 def _kernels():
@@ -71,7 +59,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_layouts_and_bias_match_the_reference(name):
     report = _run(CASES[name])
-    assert _ran(report).numerics["entry_point"] == ENTRY
+    assert ran(report).numerics["entry_point"] == ENTRY
     assert report.verdict == "pass", report.describe()
 
 
@@ -119,8 +107,8 @@ def _accepted(case: dict) -> dict:
 @settings(settings())
 def test_drawn_cases_aiter_accepts_match_reference_and_torch(case):
     report = _run(case)
-    _ran(report)
-    assert not _mine_failed(report), report.describe()
+    ran(report)
+    assert not mine_failed(report), report.describe()
 
 
 # ---- what is rejected, and why ------------------------------------------------------------------
@@ -195,7 +183,7 @@ SEEDED = {
 def test_seeded_wrong_variant_is_caught_and_the_correct_one_passes(monkeypatch, name):
     wrap, case = SEEDED[name]
     good = _run(case)
-    _ran(good)
+    ran(good)
     assert good.verdict == "pass", good.describe()
     at = _kernels()
     monkeypatch.setitem(at.functions, ENTRY, wrap(at.functions[ENTRY]))

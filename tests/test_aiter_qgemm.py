@@ -18,6 +18,8 @@ from tealite.backends.aiter_triton import INTERPRET
 from tealite_verify import profiles
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
+
+from _helpers_aiter import mine_failed, ran
 from tealite_verify.strategies.recipes import recipe_from_json, recipes
 
 AT = registry.get_backend("aiter_triton")
@@ -71,20 +73,6 @@ def _run(case, backends=PEERS):
     return run_case(SPEC, case, backends=backends, device=DEV)
 
 
-def _ran(report):
-    """The backend's outcome; a skip (with AITER's reason) when its tuned config does not fit
-    this GPU (AITER's MI350X configs can need more shared memory than an NVIDIA GPU has)."""
-    outcome = report.outcomes["aiter_triton"]
-    if outcome.status == "unsupported" and "does not fit this device" in (outcome.reason or ""):
-        pytest.skip(outcome.reason)
-    assert outcome.status == "ok", report.describe()
-    return outcome
-
-
-def _mine_failed(report) -> bool:
-    return any("aiter_triton" in (c.lhs, c.rhs) for c in report.failures)
-
-
 # ---- each entry point on the cases routed to it ------------------------------------------------
 
 CASES = {
@@ -116,7 +104,7 @@ CASES = {
 def test_each_entry_point_matches_the_reference(name):
     case, entry = CASES[name]
     report = _run(case)
-    assert _ran(report).numerics["entry_point"] == entry
+    assert ran(report).numerics["entry_point"] == entry
     assert report.verdict == "pass", report.describe()
 
 
@@ -126,7 +114,7 @@ def test_every_mxfp4_entry_point_runs_the_same_case(monkeypatch, entry):
     """One shape all three accept (M >= 32, N % 32 == 0, K % 256 == 0), forced to each."""
     monkeypatch.setattr(Q, "MXFP4_PREFERENCE", (entry,))
     report = _run(_case(_mx(), _mx(), "NN", 33, 32, 256))
-    assert _ran(report).numerics["entry_point"] == entry
+    assert ran(report).numerics["entry_point"] == entry
     assert report.verdict == "pass", report.describe()
 
 
@@ -162,8 +150,8 @@ def aiter_cases(draw):
 @settings(settings())
 def test_drawn_cases_aiter_accepts_match_reference_and_torch(case):
     report = _run(case)
-    _ran(report)
-    assert not _mine_failed(report), report.describe()
+    ran(report)
+    assert not mine_failed(report), report.describe()
 
 
 # ---- rejections ------------------------------------------------------------------------------
@@ -288,7 +276,7 @@ SEEDED = {
 def test_seeded_wrong_variant_is_caught_and_the_correct_one_passes(monkeypatch, name):
     entry, wrap, case = SEEDED[name]
     good = _run(case)
-    assert _ran(good).numerics["entry_point"] == entry
+    assert ran(good).numerics["entry_point"] == entry
     assert good.verdict == "pass", good.describe()
     at = kernels()
     monkeypatch.setitem(at.functions, entry, wrap(at.functions[entry]))

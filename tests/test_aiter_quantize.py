@@ -49,6 +49,8 @@ from tealite_verify.references import quantize as ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 
+from _helpers_aiter import aiter_fp8_recipe, quant_case
+
 REASON = L.why_unavailable()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_aiter = pytest.mark.skipif(REASON is not None, reason=f"AITER not available: {REASON}")
@@ -100,24 +102,14 @@ def fp8():
     return "e4m3fnuz" if kernels().fp8_dtype == torch.float8_e4m3fnuz else "e4m3"
 
 
-def _case(recipe: dict, shape, dist, dtype="float32", seed=1) -> dict:
-    return {"recipe": recipe, "dtype": dtype, "shape": list(shape), "rowwise": True,
-            "columnwise": False, "pad": False, "dist": dist, "seed": seed}
-
-
-def _fp8_recipe(fmt, gran) -> dict:
-    return {"kind": "current", "fmt": fmt, "granularity": gran, "force_pow2_scales": False,
-            "amax_epsilon": 0.0, "saturation": "saturate", "scale_rule": AITER.value}
-
-
 MX_RECIPE = {"kind": "mx", "fmt": "e2m1", "scale_rounding": "even",
              "element_rounding": "ties_away"}
 EDGES = {"kind": "quant_edges", "fmt": "e2m1", "block": 32}
 SPECIALS = {"kind": "specials", "frac": 0.2}
-MX_CASES = [_case(MX_RECIPE, (40, 96), EDGES, "float32", 3),
-            _case(MX_RECIPE, (7, 64), SPECIALS, "bfloat16", 4),
-            _case(MX_RECIPE, (33, 32), {"kind": "tiny"}, "bfloat16", 5),
-            _case(MX_RECIPE, (5, 160), {"kind": "wide", "log2_lo": -24, "log2_hi": 12},
+MX_CASES = [quant_case(MX_RECIPE, (40, 96), EDGES, "float32", 3),
+            quant_case(MX_RECIPE, (7, 64), SPECIALS, "bfloat16", 4),
+            quant_case(MX_RECIPE, (33, 32), {"kind": "tiny"}, "bfloat16", 5),
+            quant_case(MX_RECIPE, (5, 160), {"kind": "wide", "log2_lo": -24, "log2_hi": 12},
                   "float16", 6)]
 # Why each MX case fails on NVIDIA (None: it passes there; the wide case's blocks all have
 # amax >= 4 and no -Inf).  test_nvidia_expectations_follow_from_the_inputs derives these.
@@ -225,7 +217,7 @@ def test_missing_entry_point_is_rejected_with_the_loaders_reason(monkeypatch, de
         if isinstance(recipe, R.Float8CurrentScaling) else recipe
     want = f"lacks {ep}: aiter.ops.triton.quant: AttributeError: moved"
     _rejected(torch.randn(4, 64, device=device), recipe, want)
-    case = _case(_fp8_recipe(recipe.fmt, "row") if recipe.kind == "current" else MX_RECIPE,
+    case = quant_case(aiter_fp8_recipe(recipe.fmt, "row") if recipe.kind == "current" else MX_RECIPE,
                  (4, 64), {"kind": "normal", "scale": 1.0})
     out = run_case(SPEC, case, backends=[B], device=device)
     assert out.outcomes[B].status == "unsupported" and want in out.outcomes[B].reason
@@ -320,7 +312,7 @@ def test_mxfp4_nonfinite_policy_is_declared_and_verified(mxfp4_on_nvidia, device
     assert scales[1, 1] == 0xFE and ref.mx_quantize(x, "e2m1", "even", "ties_away")[1][1, 1] \
         == 0xFF
     assert codes[0, 3] & 0x7 == 0x7 and codes[1, 40] == 0x7
-    r = _case(MX_RECIPE, x.shape, {"kind": "normal", "scale": 1.0})
+    r = quant_case(MX_RECIPE, x.shape, {"kind": "normal", "scale": 1.0})
     expected = SPEC.reference({"x": x.astype(np.float64)}, r)
     outs = {"data": torch.from_numpy(ref.pack_e2m1(codes)), "scale_inv": torch.from_numpy(scales)}
     for name in ("data", "scale_inv"):
@@ -449,7 +441,7 @@ def test_nvidia_expectations_follow_from_the_inputs():
 
 @pytest.fixture
 def fp8_in_interpreter(monkeypatch):
-    monkeypatch.setattr(AQ, "REJECT_FP8_IN_INTERPRETER", False)
+    monkeypatch.setattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER", False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -543,7 +535,7 @@ FP8_CASES = [("tensor", "float32", {"kind": "normal", "scale": 4.0}),
 @pytest.mark.parametrize("gran,dtype,dist", FP8_CASES, ids=lambda p: str(p))
 @needs_aiter
 def test_fp8_entry_points_pass_the_harness(fp8_in_interpreter, fp8, device, gran, dtype, dist):
-    report = _run(_case(_fp8_recipe(fp8, gran), (24, 72), dist, dtype, 9), device)
+    report = _run(quant_case(aiter_fp8_recipe(fp8, gran), (24, 72), dist, dtype, 9), device)
     _assert_pass(report)
     want = AQ.PER_TENSOR if gran == "tensor" else AQ.PER_TOKEN
     assert report.outcomes[B].numerics["entry_point"] == want
@@ -575,7 +567,7 @@ def test_seeded_wrong_fp8_kernel_is_caught(tmp_path, monkeypatch, fp8_in_interpr
         pytest.skip("TE's and AITER's multipliers are within the declared 2-ulp division bound")
     x = _fp8_inputs(gran)
     recipe = R.Float8CurrentScaling(fp8, gran, scale_rule=AITER)
-    case = _case(_fp8_recipe(fp8, gran), (24, 72), {"kind": "normal", "scale": 4.0},
+    case = quant_case(aiter_fp8_recipe(fp8, gran), (24, 72), {"kind": "normal", "scale": 4.0},
                  "float32", 9)
     if INTERPRET:
         assert _model_mismatches(x, gran, tealite.quantize(x, recipe, backend=B))[0] == 0

@@ -16,6 +16,8 @@ from tealite.formats import FP8ScaleRule
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import get_spec
 
+from _helpers_aiter import aiter_fp8_recipe, quant_case
+
 AITER = FP8ScaleRule.AMAX_OVER_FMAX
 SPEC = get_spec("quantize")
 F32 = np.float32
@@ -30,16 +32,6 @@ def device():
     if torch.cuda.is_available():
         return "cuda"
     pytest.skip("the triton backend needs a GPU or TRITON_INTERPRET=1")
-
-
-def _case(recipe: dict, shape, dist, dtype="float32", seed=1) -> dict:
-    return {"recipe": recipe, "dtype": dtype, "shape": list(shape), "rowwise": True,
-            "columnwise": False, "pad": False, "dist": dist, "seed": seed}
-
-
-def _fp8_recipe(fmt, gran) -> dict:
-    return {"kind": "current", "fmt": fmt, "granularity": gran, "force_pow2_scales": False,
-            "amax_epsilon": 0.0, "saturation": "saturate", "scale_rule": AITER.value}
 
 
 # ==== the fp32_div_ulps tiers of AITER's rule (no AITER needed) ===============================
@@ -77,7 +69,7 @@ def _tier_x():
 @pytest.mark.parametrize("gran", ["tensor", "row"])
 def test_fp32_div_ulps_tier_accepts_the_declared_error_and_no_more(gran):
     x = _tier_x() if gran == "row" else np.nan_to_num(_tier_x(), posinf=0.0)
-    case = _case(_fp8_recipe("e4m3", gran), x.shape, {"kind": "normal", "scale": 1.0})
+    case = quant_case(aiter_fp8_recipe("e4m3", gran), x.shape, {"kind": "normal", "scale": 1.0})
     expected = SPEC.reference({"x": x.astype(np.float64)}, case)
     approx = {"fp32_div_ulps": 2}
 
@@ -107,7 +99,7 @@ def test_fp32_div_ulps_tier_accepts_the_declared_error_and_no_more(gran):
 
 def test_aiter_rule_reports_no_amax():
     x = _tier_x()
-    case = _case(_fp8_recipe("e4m3", "row"), x.shape, {"kind": "normal", "scale": 1.0})
+    case = quant_case(aiter_fp8_recipe("e4m3", "row"), x.shape, {"kind": "normal", "scale": 1.0})
     expected = SPEC.reference({"x": x.astype(np.float64)}, case)
     outs = _approx_outputs(x, "row", 0, 0)
     assert expected["amax"].check(outs, {}).passed

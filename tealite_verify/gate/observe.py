@@ -102,17 +102,18 @@ def _fp8_matches(bits, scale_inv, x, fmt, granularity) -> list[str]:
 
 
 def _observe_fp8(c: aiter_contracts.Contract, device: str) -> dict:
+    from tealite.backends import aiter_triton
     from tealite.backends.aiter_triton import quantize as aq
     fmt = aq._fp8_name(aq.kernels())
     granularity = "row" if "token" in c.entry_point else "tensor"
     recipe = R.Float8CurrentScaling(fmt, granularity, scale_rule=FP8ScaleRule.AMAX_OVER_FMAX)
     x = fp8_probe_input()
-    saved = aq.REJECT_FP8_IN_INTERPRETER
-    aq.REJECT_FP8_IN_INTERPRETER = False  # a probe records what runs, interpreter cast and all
+    saved = aiter_triton.REJECT_FP8_IN_INTERPRETER
+    aiter_triton.REJECT_FP8_IN_INTERPRETER = False  # a probe records what runs, cast bug and all
     try:
         q = tealite.quantize(torch.from_numpy(x).to(device), recipe, backend=c.backend)
     finally:
-        aq.REJECT_FP8_IN_INTERPRETER = saved
+        aiter_triton.REJECT_FP8_IN_INTERPRETER = saved
     bits = q.data.view(torch.uint8).cpu().numpy()
     return {"probe": f"fp8 {fmt} {granularity} {x.shape}",
             "matches": _fp8_matches(bits, q.scale_inv.float().cpu().numpy(), x, fmt,

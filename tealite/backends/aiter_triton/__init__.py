@@ -72,6 +72,28 @@ def mxfp4_platform_reason() -> str | None:
     return NVIDIA_MXFP4_SCALE_CAST
 
 
+# Platform facts shared by every family module.
+# Triton's fp32 '/' compiles to CUDA's div.full.f32 (<= 2 ulp) on NVIDIA; 2 is declared on every
+# GPU (it covers an exact division too), 0 in the interpreter (numpy: IEEE).
+GPU_FP32_DIV_ULPS = 2
+INTERPRETER_FP8_CAST = (
+    "the Triton interpreter's fp32 -> fp8 .to() is wrong (ties round away, values rounding up "
+    "into the next binade collapse, NaN becomes a finite code; NUMERICS.md) and AITER's FP8 "
+    "kernels cast with .to(): their codes here would be the interpreter's, not AITER's "
+    "(strict xfails with the proof in tests/test_aiter_quantize.py and test_aiter_fused.py)")
+# Tests (and the gate's probes) switch this off to run the FP8 entry points in the interpreter.
+REJECT_FP8_IN_INTERPRETER = True
+
+
+def fp32_div_ulps() -> int:
+    return 0 if INTERPRET else GPU_FP32_DIV_ULPS
+
+
+def fp8_platform_reason() -> str | None:
+    """Why AITER's FP8-casting kernels cannot be judged here (None: they can)."""
+    return INTERPRETER_FP8_CAST if INTERPRET and REJECT_FP8_IN_INTERPRETER else None
+
+
 def kernels() -> loader.AiterTriton:
     """The loaded AITER Triton entry points (loads on first use)."""
     return loader.load()

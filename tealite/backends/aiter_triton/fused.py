@@ -68,14 +68,7 @@ FP8_ENTRY_POINTS = (RMS_DYN, LN_DYN, RMS_STATIC, ACT_FP8)
 MXFP4_ENTRY_POINTS = (RMS_MXFP4, ACT_MXFP4)
 # tealite's gated kind -> AITER's activation name (act(first half) * second half, as TE).
 ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
-GPU_FP32_DIV_ULPS = 2  # CUDA's div.full.f32, what Triton's fp32 '/' compiles to
 GROUP_AMAX_FLOOR = 1e-10  # _fp8_quant_op: tl.maximum(max |x|, 1e-10)
-INTERPRETER_FP8_CAST = (
-    "the Triton interpreter's fp32 -> fp8 .to() is wrong (ties round away, values rounding up "
-    "into the next binade collapse) and AITER's fused FP8 kernels cast with .to(): their codes "
-    "here would be the interpreter's (strict xfail with the proof in tests/test_aiter_fused.py)")
-# Tests switch this off to run the FP8 entry points in the interpreter (as a known failure).
-REJECT_FP8_IN_INTERPRETER = True
 
 _ROW_NOTES = ("scale_inv = amax / max (Triton '/', approximate on CUDA), codes = "
               "cast(y * (1 / scale_inv)); ")
@@ -198,8 +191,9 @@ def _check_for(op: str):
         why = _outputs_reason(entry, params)
         if why:
             return why
-        if entry in FP8_ENTRY_POINTS and INTERPRET and REJECT_FP8_IN_INTERPRETER:
-            return f"{entry} under Triton's interpreter: {INTERPRETER_FP8_CAST}"
+        why = aiter_triton.fp8_platform_reason() if entry in FP8_ENTRY_POINTS else None
+        if why:
+            return f"{entry} under Triton's interpreter: {why}"
         if entry in FP8_ENTRY_POINTS:
             why = interpreter_bf16_reason(params["dtype"])  # bf16 loads of subnormals
             if why:
@@ -218,7 +212,7 @@ def _numerics_for(op: str):
                          n_out=params["n_out"])
         out = {"compute_dtype": torch.float32, "entry_point": entry}
         if entry in FP8_ENTRY_POINTS:
-            out["fp32_div_ulps"] = 0 if INTERPRET else GPU_FP32_DIV_ULPS
+            out["fp32_div_ulps"] = aiter_triton.fp32_div_ulps()
         if entry in (RMS_DYN, LN_DYN):
             out["scale_inv_zero_as_one"] = True
         if entry == ACT_FP8:

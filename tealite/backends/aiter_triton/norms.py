@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, why_missing
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -94,14 +95,13 @@ def _check_for(op: str):
     return check
 
 
-GPU_FP32_DIV_ULPS = 2  # CUDA's div.full.f32, what Triton's fp32 '/' compiles to
 
 
 def _numerics(op: str) -> dict:
     # fp32_div_ulps / rsqrt record AITER's approximate operations for the gate and a spec that
     # models them; specs/norms.py reads only compute_dtype (see the module docstring).
     return {"compute_dtype": torch.float32, "entry_point": ENTRY_POINTS[op],
-            "fp32_div_ulps": 0 if INTERPRET else GPU_FP32_DIV_ULPS,
+            "fp32_div_ulps": aiter_triton.fp32_div_ulps(),
             "rsqrt": "exact" if INTERPRET else "tl.rsqrt (approximate)"}
 
 

@@ -67,15 +67,6 @@ STATIC = "static_per_tensor_quant_fp8_i8"
 MXFP4 = "dynamic_mxfp4_quant"
 FP8_ENTRY_POINTS = (PER_TENSOR, PER_TOKEN)
 MX_BLOCK = 32
-# CUDA's div.full.f32 (what Triton's fp32 '/' compiles to on NVIDIA): at most 2 ulp.
-GPU_FP32_DIV_ULPS = 2
-INTERPRETER_FP8_CAST = (
-    "the Triton interpreter's fp32 -> fp8 .to() is wrong (ties round away, top-binade values "
-    "collapse, NaN becomes a finite code; NUMERICS.md) and AITER's FP8 quant kernels cast with "
-    ".to(): their codes here would be the interpreter's, not AITER's (strict xfail with the "
-    "proof in tests/test_aiter_quantize.py)")
-# Tests switch this off to run the FP8 entry points in the interpreter (as a known failure).
-REJECT_FP8_IN_INTERPRETER = True
 _FP8_NOTES = ("amax ignores NaN (tl.max is maxnum; a row of only NaN gives NaN); amax 0 gives "
               "scale 0 and NaN codes (1/0 = inf, 0 * inf); no amax output; Triton's fp32 '/' "
               "is approximate on CUDA (div.full.f32, <= 2 ulp)")
@@ -174,15 +165,13 @@ def _why_not(params) -> str | None:
                 "(FNUZ on gfx942, OCP on gfx950)")
     if k == 0:
         return f"{ep} loads a row with no `other` for masked lanes: an empty row is undefined"
-    if INTERPRET and REJECT_FP8_IN_INTERPRETER:
-        return INTERPRETER_FP8_CAST
-    return None
+    return aiter_triton.fp8_platform_reason()
 
 
 def _numerics(params) -> dict:
     ep, _ = entry_point(params["recipe"])
     if ep in FP8_ENTRY_POINTS:
-        return {"entry_point": ep, "fp32_div_ulps": 0 if INTERPRET else GPU_FP32_DIV_ULPS}
+        return {"entry_point": ep, "fp32_div_ulps": aiter_triton.fp32_div_ulps()}
     numerics = {"entry_point": ep, "mx_nonfinite": "ignore-nan"}
     if INTERPRET and params.get("dtype") == torch.bfloat16:
         numerics["interpreter_input"] = "bf16 passed as exact fp32 (bf16 subnormal load bug)"

@@ -1,0 +1,32 @@
+"""Shared by the aiter_triton test modules."""
+from __future__ import annotations
+
+import pytest
+
+B = "aiter_triton"
+
+
+def ran(report):
+    """The backend's outcome; a skip (with AITER's reason) when its tuned config does not fit
+    this GPU (AITER's MI350X configs can need more shared memory than an NVIDIA GPU has)."""
+    outcome = report.outcomes[B]
+    if outcome.status == "unsupported" and "does not fit this device" in (outcome.reason or ""):
+        pytest.skip(outcome.reason)
+    assert outcome.status == "ok", report.describe()
+    return outcome
+
+
+def mine_failed(report) -> bool:
+    return any(B in (c.lhs, c.rhs) for c in report.failures)
+
+
+def quant_case(recipe: dict, shape, dist, dtype="float32", seed=1) -> dict:
+    """A rowwise quantize case of the quantize spec."""
+    return {"recipe": recipe, "dtype": dtype, "shape": list(shape), "rowwise": True,
+            "columnwise": False, "pad": False, "dist": dist, "seed": seed}
+
+
+def aiter_fp8_recipe(fmt, gran) -> dict:
+    """Float8CurrentScaling with AITER's amax/fmax rule, as a case's recipe JSON."""
+    return {"kind": "current", "fmt": fmt, "granularity": gran, "force_pow2_scales": False,
+            "amax_epsilon": 0.0, "saturation": "saturate", "scale_rule": "amax/fmax"}
