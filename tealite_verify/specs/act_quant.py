@@ -21,13 +21,14 @@ from tealite_verify.specs.norm_quant import (draw_recipe_and_outputs, fit_to_rec
 # The gated kinds AITER's act_mul_and_* kernels compute (silu, gelu, relu on the first half).
 AITER_KINDS = ("swiglu", "geglu", "reglu")
 from tealite_verify.strategies.recipes import recipe_from_json
+from tealite_verify.strategies.choices import pick
 
 
 @st.composite
 def cases(draw, dtype: str | None = None, size: str = "ci"):
     case = draw(act_spec.cases(dtype, size, bwd=False))
     if draw_recipe_and_outputs(draw, case, norm=False) and case["kind"] not in AITER_KINDS:
-        case["kind"] = draw(st.sampled_from(AITER_KINDS))  # a gated kind: an even width
+        case["kind"] = draw(pick(*AITER_KINDS))  # a gated kind: an even width
         case["shape"][-1] = 2 * max(1, case["shape"][-1] // 2)
     case["shape"] = fit_to_recipe(case["shape"], case["recipe"], gated=case["kind"] in GATED)
     return case

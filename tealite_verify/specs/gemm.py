@@ -13,6 +13,7 @@ from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": (48, 256), "local": (160, 2048), "large": (1024, 8192)}
 
@@ -32,12 +33,12 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
     # fp16 sums of K products overflow quickly; keep inputs small there (overflow itself is
     # still reachable through the wide distributions and is judged overflow-aware).
     cap = 4 if dtype == "float16" else None
-    beta = draw(st.sampled_from([0.0, 0.0, 1.0, -0.5]))
+    beta = draw(pick(0.0, 0.0, 1.0, -0.5))
     return {
-        "m": m, "n": n, "k": k, "layout": draw(st.sampled_from(LAYOUTS)),
-        "dtype": dtype, "out_dtype": draw(st.sampled_from([dtype, dtype, "float32"])),
+        "m": m, "n": n, "k": k, "layout": draw(pick(*LAYOUTS)),
+        "dtype": dtype, "out_dtype": draw(pick(dtype, dtype, "float32")),
         "bias": draw(st.booleans()), "gelu": draw(st.booleans()),
-        "alpha": draw(st.sampled_from([1.0, 1.0, 0.5, -2.0, 0.1])), "beta": beta,
+        "alpha": draw(pick(1.0, 1.0, 0.5, -2.0, 0.1)), "beta": beta,
         "dist_a": draw(distributions(dtype, max_log2=cap)),
         "dist_b": draw(distributions(dtype, max_log2=cap)),
         "seed": draw(seeds()),

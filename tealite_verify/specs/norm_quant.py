@@ -16,6 +16,8 @@ the plain norm spec (when not requested, a backend may leave them out).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from hypothesis import strategies as st
@@ -28,6 +30,7 @@ from tealite_verify.specs import norms as norm_spec
 from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, recipe_from_json,
                                                recipes)
 from tealite_verify.tolerance_fused import FusedQuantJudge
+from tealite_verify.strategies.choices import pick
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
 FUSED_KINDS = ("delayed", "current", "mx")
@@ -37,15 +40,17 @@ def _per_row(r: dict) -> dict:
     return dict(r, granularity="row") if r["kind"] == "current" else r
 
 
+@functools.lru_cache(maxsize=None)  # built once: drawn from on every case
 def fused_recipes() -> st.SearchStrategy[dict]:
     """Recipes a fused kernel produces: given-scale FP8, per-row FP8 under either scale rule,
     MX with FP8 or E2M1 elements."""
     # The kind first (a third each): drawn as one_of, the two scale rules make "current"
     # crowd out the MX modes in short derandomized runs.
-    return st.sampled_from(FUSED_KINDS).flatmap(
+    return pick(*FUSED_KINDS).flatmap(
         lambda kind: recipes((kind,), scale_rules=FP8_SCALE_RULES)).map(_per_row)
 
 
+@functools.lru_cache(maxsize=None)
 def aiter_fused_recipes() -> st.SearchStrategy[dict]:
     """The conventions of AITER's fused Triton kernels: per-row FP8 under AITER's rule, given-
     scale FP8 that saturates (its kernel clamps), MXFP4 with EVEN scales and ties-away elements
@@ -56,18 +61,18 @@ def aiter_fused_recipes() -> st.SearchStrategy[dict]:
         "row": st.builds(lambda f, sat: {"kind": "current", "fmt": f, "granularity": "row",
                                          "force_pow2_scales": False, "amax_epsilon": 0.0,
                                          "saturation": sat, "scale_rule": AITER_RULE},
-                         st.sampled_from(["e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"]),
-                         st.sampled_from(["saturate", "nonfinite"])),
+                         pick("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"),
+                         pick("saturate", "nonfinite")),
         "given": recipes(("delayed",)).map(lambda r: dict(r, saturation="saturate")),
     }
-    return st.sampled_from(["mxfp4", "mxfp4", "mxfp4", "row", "given"]).flatmap(options.get)
+    return pick("mxfp4", "mxfp4", "mxfp4", "row", "given").flatmap(options.get)
 
 
 def draw_recipe_and_outputs(draw, case: dict, *, norm: bool) -> bool:
     """Add a fused recipe and the requested outputs to ``case``: AITER-shaped a third of the
     time (no statistics or amax requested, plain gamma), anything otherwise.  Returns whether
     the case is AITER-shaped."""
-    if draw(st.sampled_from([False, False, True])):
+    if draw(pick(False, False, True)):
         case["recipe"] = draw(aiter_fused_recipes())
         case["return_amax"] = False
         if norm:

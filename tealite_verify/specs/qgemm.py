@@ -21,13 +21,14 @@ from tealite_verify.strategies.recipes import recipe_from_json, recipes
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": (48, 256), "local": (160, 1024), "large": (1024, 4096)}
 
 
 @st.composite
 def _recipe_pair(draw):
-    family = draw(st.sampled_from(["fp8", "block", "mx"]))
+    family = draw(pick("fp8", "block", "mx"))
     if family == "fp8":
         fp8 = recipes(["current", "delayed"])
         return draw(fp8), draw(fp8)
@@ -47,8 +48,8 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
     if ra["kind"] == "mx":
         k = 32 * max(1, k // 32)
     return {"recipe_a": ra, "recipe_b": rb, "m": m, "n": n, "k": k,
-            "layout": draw(st.sampled_from(LAYOUTS)), "dtype": dtype,
-            "out_dtype": draw(st.sampled_from(["bfloat16", "float32", "float16"])),
+            "layout": draw(pick(*LAYOUTS)), "dtype": dtype,
+            "out_dtype": draw(pick("bfloat16", "float32", "float16")),
             "bias": draw(st.booleans()),
             "dist_a": draw(distributions(dtype, wide=False)),
             "dist_b": draw(distributions(dtype, wide=False)), "seed": draw(seeds())}

@@ -21,6 +21,7 @@ Declared numerics this spec reads (quantize):
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import torch
@@ -38,9 +39,18 @@ from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, aite
 from tealite_verify.strategies.shapes import dim, row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": 160, "local": 600, "large": 4096}
 U8 = torch.uint8
+
+
+@functools.lru_cache(maxsize=None)
+def _distributions(fmt: str, dtype: str) -> st.SearchStrategy[dict]:
+    """Values for quantizing to ``fmt``: exact codes, ties and scale boundaries half the time."""
+    edges = st.just({"kind": "quant_edges", "fmt": fmt, "block": 32})
+    specials = st.builds(lambda f: {"kind": "specials", "frac": f}, pick(0.01, 0.2))
+    return st.one_of(edges, edges, specials, distributions(dtype))
 
 
 @st.composite
@@ -49,11 +59,11 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
     # A third of the cases use exactly the conventions AITER's quant entry points follow,
     # rowwise and in whole MX blocks (what they accept); the rest every recipe, both scale
     # rules, every direction.
-    aiter_shaped = draw(st.sampled_from([False, False, True]))
+    aiter_shaped = draw(pick(False, False, True))
     recipe = draw(aiter_recipes() if aiter_shaped else recipes(scale_rules=FP8_SCALE_RULES))
     limit = _LIMITS[size]
     rowwise, columnwise = (True, False) if aiter_shaped else \
-        draw(st.sampled_from([(True, False), (False, True), (True, True)]))
+        draw(pick((True, False), (False, True), (True, True)))
     pad = False
     m, k = draw(dim(limit, allow_zero=True)), draw(dim(limit))
     if recipe["kind"] == "mx":
@@ -61,9 +71,7 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
         if not pad:  # the blocked dims must be whole blocks (and even for e2m1)
             k = 32 * max(1, k // 32) if rowwise else k
             m = 32 * max(0 if not columnwise else 1, m // 32) if columnwise else m
-    edges = st.just({"kind": "quant_edges", "fmt": recipe["fmt"], "block": 32})
-    specials = st.builds(lambda f: {"kind": "specials", "frac": f}, st.sampled_from([0.01, 0.2]))
-    dist = draw(st.one_of(edges, edges, specials, distributions(dtype)))
+    dist = draw(_distributions(recipe["fmt"], dtype))
     return {"recipe": recipe, "dtype": dtype, "shape": [m, k], "rowwise": rowwise,
             "columnwise": columnwise, "pad": pad, "dist": dist, "seed": draw(seeds())}
 

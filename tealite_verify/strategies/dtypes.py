@@ -6,5 +6,8 @@ from hypothesis import strategies as st
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
+_FLOAT_DTYPES = st.sampled_from(FLOAT_DTYPES)
+
+
 def float_dtypes() -> st.SearchStrategy[str]:
-    return st.sampled_from(FLOAT_DTYPES)
+    return _FLOAT_DTYPES

@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 from hypothesis import strategies as st
 
 from tealite import recipes as R
@@ -32,6 +34,12 @@ def _aiter_rule_current(fmts) -> st.SearchStrategy[dict]:
 def recipes(kinds=RECIPE_KINDS, *, scale_rules=(TE_RULE,)) -> st.SearchStrategy[dict]:
     """Recipes of ``kinds``; current scaling under each of ``scale_rules`` (TE's only by
     default: ops whose kernels have no other rule keep drawing what they run)."""
+    # Built once per argument set: specs call this inside composites, on every draw.
+    return _recipes(tuple(kinds), tuple(scale_rules))
+
+
+@functools.lru_cache(maxsize=None)
+def _recipes(kinds: tuple, scale_rules: tuple) -> st.SearchStrategy[dict]:
     fp8 = st.sampled_from(FP8_FORMATS)
     saturation = _SATURATION
     te_current = st.fixed_dictionaries({
@@ -67,6 +75,7 @@ def recipes(kinds=RECIPE_KINDS, *, scale_rules=(TE_RULE,)) -> st.SearchStrategy[
     return st.one_of(*(options[k] for k in kinds))
 
 
+@functools.lru_cache(maxsize=None)
 def aiter_recipes() -> st.SearchStrategy[dict]:
     """The conventions AITER's Triton quant entry points follow (so a differential run draws
     cases they accept): AITER-rule current scaling in E4M3 (OCP on gfx950 / NVIDIA, FNUZ on

@@ -2,6 +2,8 @@
 8/16/32/128, dims of 1, empty token dims, and long reductions."""
 from __future__ import annotations
 
+import functools
+
 from hypothesis import strategies as st
 
 # Primes, including the ones TE and AITER tests use (229, 541, 677, 1481, 3571).
@@ -20,35 +22,57 @@ def _misaligned(limit: int) -> list[int]:
     return sorted(out)
 
 
-@st.composite
-def dim(draw, max_value: int, *, allow_zero: bool = False) -> int:
-    """One dimension in [0 or 1, max_value]: 0 (when allowed) one draw in 16, an edge size
-    (1, a prime, one off a power-of-two multiple) about half the time, otherwise uniform."""
+# Strategy constructors are cached (lru_cache): a composite's body runs on every draw, and a
+# strategy object built there anew is re-validated by Hypothesis each time (see choices.py).
+@functools.lru_cache(maxsize=None)
+def _edge_sizes(max_value: int) -> st.SearchStrategy[int]:
     specials = [1] + [p for p in PRIMES if p <= max_value] + _misaligned(max_value)
     specials += [v for v in (8, 16, 32, 64, 128, 256) if v <= max_value]
-    selector = draw(st.integers(0, 15))
+    return st.sampled_from(sorted(set(specials)))
+
+
+_SELECTOR = st.integers(0, 15)
+
+
+@functools.lru_cache(maxsize=None)
+def dim(max_value: int, *, allow_zero: bool = False) -> st.SearchStrategy[int]:
+    """One dimension in [0 or 1, max_value]: 0 (when allowed) one draw in 16, an edge size
+    (1, a prime, one off a power-of-two multiple) about half the time, otherwise uniform."""
+    return _dim(max_value, allow_zero, _edge_sizes(max_value), st.integers(1, max_value))
+
+
+@st.composite
+def _dim(draw, max_value, allow_zero, edges, uniform) -> int:
+    selector = draw(_SELECTOR)
     if allow_zero and selector == 0:
         return 0
     if selector < 9:
-        return draw(st.sampled_from(sorted(set(specials))))
-    return draw(st.integers(1, max_value))
+        return draw(edges)
+    return draw(uniform)
 
 
-@st.composite
-def gemm_shapes(draw, max_mn: int = 96, max_k: int = 512, allow_empty_m: bool = True):
+@functools.lru_cache(maxsize=None)
+def gemm_shapes(max_mn: int = 96, max_k: int = 512, allow_empty_m: bool = True):
     """(M, N, K): M may be 0 (an empty token batch); K may be long (up to ``max_k``)."""
-    m = draw(dim(max_mn, allow_zero=allow_empty_m))
-    n = draw(dim(max_mn))
-    k = draw(st.one_of(dim(min(max_k, 64)), dim(max_k)))
-    return m, n, k
+    return st.tuples(dim(max_mn, allow_zero=allow_empty_m), dim(max_mn),
+                     st.one_of(dim(min(max_k, 64)), dim(max_k)))
+
+
+@functools.lru_cache(maxsize=None)
+def row_shapes(max_rows: int = 64, max_hidden: int = 512, allow_empty: bool = True):
+    """(*leading, H) for row-wise ops: 1 to 3 leading dims, possibly an empty one."""
+    return _row_shapes(max_rows, dim(max_hidden), dim(max_rows, allow_zero=allow_empty),
+                       dim(max_rows))
+
+
+_N_LEAD = st.integers(1, 3)
 
 
 @st.composite
-def row_shapes(draw, max_rows: int = 64, max_hidden: int = 512, allow_empty: bool = True):
-    """(*leading, H) for row-wise ops: 1 to 3 leading dims, possibly an empty one."""
-    hidden = draw(dim(max_hidden))
-    n_lead = draw(st.integers(1, 3))
-    lead = [draw(dim(max_rows, allow_zero=allow_empty and i == 0)) for i in range(n_lead)]
+def _row_shapes(draw, max_rows, hidden_dim, first_dim, other_dim):
+    hidden = draw(hidden_dim)
+    n_lead = draw(_N_LEAD)
+    lead = [draw(first_dim if i == 0 else other_dim) for i in range(n_lead)]
     while _prod(lead) > max_rows:
         lead[lead.index(max(lead))] //= 2
     return (*lead, hidden)

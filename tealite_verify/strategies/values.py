@@ -10,8 +10,11 @@ from hypothesis import strategies as st
 _SAFE_LOG2 = {"float32": 60, "bfloat16": 60, "float16": 7}
 
 
+_SEEDS = st.integers(0, 2**31 - 1)
+
+
 def seeds() -> st.SearchStrategy[int]:
-    return st.integers(0, 2**31 - 1)
+    return _SEEDS
 
 
 @functools.lru_cache(maxsize=None)  # strategies are immutable; building them is not free

@@ -1,0 +1,100 @@
+"""Where one differential case's time goes, outside the fuzzer's process plumbing (issue 5).
+
+    python benchmarks/case_profile.py --ops gemm quantize --size local --device cuda [--top 25]
+
+Draws ``--cases`` cases per op with Hypothesis (generate phase only, fixed seed), runs
+``run_case`` on each (torch backend unless ``--backends``) after a short warm-up, and prints
+the mean per-case split from the runner's own timings (inputs, backend, reference, compare,
+untimed rest), plus the mean Hypothesis cost of drawing one case.  ``--top N`` adds a cProfile
+of the run_case loop sorted by own time.  Standalone: not collected by pytest.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import io
+import pstats
+import time
+
+
+def draw_cases(spec, size: str, n: int, seed: int) -> tuple[list[dict], float]:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+    out: list[dict] = []
+
+    @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @hseed(seed)
+    @given(case=spec.cases(None, size))
+    def draw(case):
+        out.append(case)
+
+    t = time.perf_counter()
+    draw()
+    return out[:n], (time.perf_counter() - t) / max(len(out), 1)
+
+
+def profile_op(op: str, args) -> str:
+    from tealite_verify.runner import run_case
+    from tealite_verify.specs import get_spec
+    spec = get_spec(op)
+    cases, t_draw = draw_cases(spec, args.size, args.cases, args.seed)
+    for c in cases[:3]:
+        run_case(spec, c, backends=args.backends, device=args.device)
+    parts: collections.Counter = collections.Counter()
+
+    def loop():
+        for c in cases:
+            rep = run_case(spec, c, backends=args.backends, device=args.device)
+            for k, v in rep.timings.items():
+                parts[k.split(":")[0]] += v
+
+    prof = cProfile.Profile() if args.top else None
+    t = time.perf_counter()
+    if prof:
+        prof.enable()
+    loop()
+    if prof:
+        prof.disable()
+    total = time.perf_counter() - t
+    n = len(cases)
+    ms = {k: 1e3 * v / n for k, v in parts.items()}
+    ms["untimed"] = 1e3 * total / n - sum(ms.values())
+    harness = ms.get("inputs", 0) + ms.get("compare", 0) + ms["untimed"]
+    line = (f"| {op} | {n} | {1e3 * t_draw:.2f} | {1e3 * total / n:.2f} | "
+            + " | ".join(f"{ms.get(k, 0.0):.2f}" for k in
+                         ("inputs", "backend", "reference", "compare", "untimed"))
+            + f" | {100 * harness / (1e3 * total / n):.0f} % |")
+    if prof:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(args.top)
+        print(f"--- {op}: cProfile by own time\n{s.getvalue()}")
+    return line
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", nargs="+", default=["gemm", "quantize"])
+    p.add_argument("--size", default="ci")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backends", nargs="+", default=["torch"])
+    p.add_argument("--cases", type=int, default=100)
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--top", type=int, default=0)
+    args = p.parse_args(argv)
+    from tealite_verify import profiles
+    profiles.load("local")
+    rows = [profile_op(op, args) for op in args.ops]
+    print(f"run_case split, ms per case ({args.size} shapes, {args.device}, "
+          f"backends {args.backends}); harness share = (inputs + compare + untimed) / total")
+    print("| op | cases | draw ms | total | inputs | backend | reference | compare | untimed "
+          "| harness share |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
