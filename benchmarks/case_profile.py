@@ -2,7 +2,9 @@
 
     python benchmarks/case_profile.py --ops gemm quantize --size local --device cuda [--top 25]
 
-Draws ``--cases`` cases per op with Hypothesis (generate phase only, fixed seed), runs
+Draws ``--cases`` cases per op with Hypothesis (fixed seed; generate phase only, or with
+``--targeted`` as the fuzzer draws them: each case run and ``hypothesis.target`` steering
+toward the worst err/tol ratio, which favours large and hostile cases), runs
 ``run_case`` on each (torch backend unless ``--backends``) after a short warm-up, and prints
 the mean per-case split from the runner's own timings (inputs, backend, reference, compare,
 untimed rest), plus the mean Hypothesis cost of drawing one case.  ``--top N`` adds a cProfile
@@ -18,17 +20,26 @@ import pstats
 import time
 
 
-def draw_cases(spec, size: str, n: int, seed: int) -> tuple[list[dict], float]:
-    from hypothesis import HealthCheck, Phase, given, settings
+def draw_cases(spec, size: str, n: int, seed: int, targeted_on: str | None = None,
+               backends=("torch",)) -> tuple[list[dict], float]:
+    """``n`` cases and the mean seconds per drawn case (for ``targeted_on`` a device: the case
+    runs included)."""
+    from hypothesis import HealthCheck, Phase, given, settings, target
     from hypothesis import seed as hseed
-    out: list[dict] = []
 
-    @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
+    from tealite_verify.runner import run_case
+    out: list[dict] = []
+    phases = [Phase.generate] + ([Phase.target] if targeted_on else [])
+
+    @settings(max_examples=n, deadline=None, database=None, phases=phases,
               suppress_health_check=list(HealthCheck))
     @hseed(seed)
     @given(case=spec.cases(None, size))
     def draw(case):
         out.append(case)
+        if targeted_on:
+            rep = run_case(spec, case, backends=list(backends), device=targeted_on)
+            target(min(rep.max_ratio(), 1e12), label="max err/tol")
 
     t = time.perf_counter()
     draw()
@@ -39,7 +50,8 @@ def profile_op(op: str, args) -> str:
     from tealite_verify.runner import run_case
     from tealite_verify.specs import get_spec
     spec = get_spec(op)
-    cases, t_draw = draw_cases(spec, args.size, args.cases, args.seed)
+    cases, t_draw = draw_cases(spec, args.size, args.cases, args.seed,
+                               args.device if args.targeted else None, args.backends)
     for c in cases[:3]:
         run_case(spec, c, backends=args.backends, device=args.device)
     parts: collections.Counter = collections.Counter()
@@ -83,12 +95,16 @@ def main(argv=None) -> int:
     p.add_argument("--cases", type=int, default=100)
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--top", type=int, default=0)
+    p.add_argument("--targeted", action="store_true",
+                   help="draw as the fuzzer does (run each case, target the worst ratio)")
     args = p.parse_args(argv)
     from tealite_verify import profiles
     profiles.load("local")
     rows = [profile_op(op, args) for op in args.ops]
     print(f"run_case split, ms per case ({args.size} shapes, {args.device}, "
           f"backends {args.backends}); harness share = (inputs + compare + untimed) / total")
+    if args.targeted:
+        print("(targeted: draw ms includes running the case once while drawing)")
     print("| op | cases | draw ms | total | inputs | backend | reference | compare | untimed "
           "| harness share |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -6,7 +6,7 @@ For each op and backend (torch; plus triton with ``--device cuda``) runs
 ``python -m tealite_verify fuzz`` for ``--seconds`` into a scratch corpus, reads its JSON report
 and prints one row: cases, cases/s and the per-case split in milliseconds -- backend (the
 kernel through the tealite front-end, device-synchronized), reference (float64 view +
-reference; on the GPU with ``--device cuda``), inputs + compare (input generation, tolerances,
+reference; on the GPU with ``--device cuda``), inputs (input generation), compare (tolerances,
 metrics), Hypothesis (drawing, targeting, database) + event plumbing -- and the harness share:
 everything but backend and reference.  Standalone: not collected by pytest.
 """
@@ -49,17 +49,18 @@ def row(op: str, backend: str, doc: dict) -> list[str]:
     ms = {k: 1e3 * float(v or 0.0) for k, v in per.items()}
     total = ms.get("total") or 0.0
     kernel, reference = ms.get("backend", 0.0), ms.get("reference", 0.0)
-    glue = ms.get("inputs", 0.0) + ms.get("compare", 0.0) + ms.get("run_case_untimed", 0.0)
+    inputs, compare = ms.get("inputs", 0.0), ms.get("compare", 0.0)
+    glue = inputs + compare + ms.get("run_case_untimed", 0.0)
     hyp = max(total - kernel - reference - glue, 0.0)
     harness = total - kernel - reference
     share = f"{100 * harness / total:.0f} %" if total else "-"
     return [op, backend, str(t["cases"]), f"{t['cases_per_s']:.1f}", f"{total:.2f}",
-            f"{kernel:.2f}", f"{reference:.2f}", f"{glue:.2f}", f"{hyp:.2f}", share,
-            str(t["findings"])]
+            f"{kernel:.2f}", f"{reference:.2f}", f"{inputs:.2f}", f"{compare:.2f}",
+            f"{hyp:.2f}", share, str(t["findings"])]
 
 
 HEADER = ["op", "backend", "cases", "cases/s", "ms/case", "backend ms", "reference ms",
-          "inputs+compare ms", "hypothesis+IPC ms", "harness share", "findings"]
+          "inputs ms", "compare ms", "hypothesis+IPC ms", "harness share", "findings"]
 
 
 def markdown(rows: list[list[str]]) -> str:

@@ -99,3 +99,24 @@ def test_interrupt_keeps_findings_and_rerun_continues(tmp_path):
     sigs = [f["signature"] for f in second.values()]
     assert len(sigs) == len(set(sigs))
     assert any(second[n]["count"] > first[n]["count"] for n in first)
+
+
+def test_worker_envs_split_gpus_and_cpu_threads(monkeypatch):
+    """Each worker gets one GPU when several are visible, and an equal share of the cores
+    for its thread pool (n workers each with every core oversubscribe the host); an
+    OMP_NUM_THREADS the user set wins."""
+    import os
+
+    from tealite_verify.fuzz.supervisor import worker_envs
+    cores = os.cpu_count() or 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    envs = worker_envs(2, "cpu")
+    assert envs == [{"OMP_NUM_THREADS": str(max(1, cores // 2))}] * 2
+    assert worker_envs(None, "cpu") == [{"OMP_NUM_THREADS": str(cores)}]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    envs = worker_envs(4, "cuda")
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3", "5", "3", "5"]
+    assert all(e["OMP_NUM_THREADS"] == str(max(1, cores // 4)) for e in envs)
+    assert len(worker_envs(None, "cuda")) == 2  # default: one per visible GPU
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert all(e["OMP_NUM_THREADS"] == "3" for e in worker_envs(2, "cpu"))

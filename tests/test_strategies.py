@@ -195,7 +195,7 @@ def test_drawn_distributions_generate_finite_values(data):
 
 # ---- tensors.generate --------------------------------------------------------------------
 
-SAMPLE_DISTS = [
+_BASE_DISTS = [
     {"kind": "normal", "scale": 2.0},
     {"kind": "uniform", "lo": -1.0, "hi": 2.0},
     {"kind": "wide", "log2_lo": -12, "log2_hi": 6},
@@ -204,7 +204,37 @@ SAMPLE_DISTS = [
     {"kind": "zero_rows", "scale": 1.0, "frac": 0.25},
     {"kind": "integers", "hi": 3},
 ]
-DIST_IDS = [d["kind"] for d in SAMPLE_DISTS]
+# Both sampling precisions (float64: stored descriptions; float32: what strategies draw).
+SAMPLE_DISTS = _BASE_DISTS + [dict(d, sample_dtype="float32") for d in _BASE_DISTS
+                              if d["kind"] != "integers"]
+DIST_IDS = [d["kind"] + ("-f32" if "sample_dtype" in d else "") for d in SAMPLE_DISTS]
+SAMPLE_DTYPES = [{}, {"sample_dtype": "float32"}]
+
+
+@pytest.mark.parametrize("sample", ["float64", "float32"])
+def test_generate_samples_in_the_declared_precision(sample):
+    """A description without sample_dtype (every stored case before the key existed) must
+    keep generating exactly the tensor it was found with: float64 normals from the seeded CPU
+    generator.  float32 sampling is torch's float32 stream from the same seed."""
+    g = torch.Generator().manual_seed(9)
+    sd = torch.float64 if sample == "float64" else torch.float32
+    want = (torch.randn((5, 7), generator=g, dtype=sd).double() * 2.0).to(torch.bfloat16)
+    dist = {"kind": "normal", "scale": 2.0}
+    if sample == "float32":
+        dist["sample_dtype"] = "float32"
+    assert same_bits(generate(dist, (5, 7), torch.bfloat16, 9), want)
+    other = dict(dist, sample_dtype="float32" if sample == "float64" else "float64")
+    assert not same_bits(generate(other, (5, 7), torch.bfloat16, 9), want)
+
+
+def test_generate_rejects_unknown_sample_dtype():
+    with pytest.raises(ValueError, match="sample_dtype must be one of.*'float16'"):
+        generate({"kind": "normal", "sample_dtype": "float16"}, (2,), torch.float32, 0)
+
+
+def test_drawn_float_distributions_sample_in_float32():
+    seen = find(distributions("bfloat16"), lambda d: d["kind"] == "normal")
+    assert seen["sample_dtype"] == "float32"
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=FLOAT_DTYPES)
@@ -240,9 +270,10 @@ def test_generate_accepts_list_shape_and_rejects_unknown_kind():
         generate({"kind": "bogus"}, (2,), torch.float32, 0)
 
 
+@pytest.mark.parametrize("sample", SAMPLE_DTYPES, ids=["f64", "f32"])
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=FLOAT_DTYPES)
-def test_tiny_produces_subnormals(dtype):
-    x = generate({"kind": "tiny"}, (4096,), dtype, 3)
+def test_tiny_produces_subnormals(dtype, sample):
+    x = generate({"kind": "tiny", **sample}, (4096,), dtype, 3)
     fi = torch.finfo(dtype)
     a = x.double().abs()
     sub = (a < fi.tiny) & (x != 0)
@@ -280,10 +311,11 @@ def test_integers(dtype, hi):
     assert set(x.unique().tolist()) == set(float(v) for v in range(-hi, hi + 1))
 
 
+@pytest.mark.parametrize("sample", SAMPLE_DTYPES, ids=["f64", "f32"])
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=FLOAT_DTYPES)
 @pytest.mark.parametrize("lo,hi", [(-24, 2), (-12, 6), (-4, 5)])
-def test_wide_spans_exponent_range(dtype, lo, hi):
-    x = generate({"kind": "wide", "log2_lo": lo, "log2_hi": hi}, (20000,), dtype, 11)
+def test_wide_spans_exponent_range(dtype, lo, hi, sample):
+    x = generate({"kind": "wide", "log2_lo": lo, "log2_hi": hi, **sample}, (20000,), dtype, 11)
     e = torch.log2(x.double().abs())
     assert (x != 0).all()
     # Rounding to the dtype may land exactly on 2^hi (or 2^lo) but never beyond.
@@ -296,8 +328,7 @@ def test_wide_spans_exponent_range(dtype, lo, hi):
 
 
 # ---- op specs: cases() coverage ----------------------------------------------------------
-# Drawing a whole case costs ~20 ms (the composites build their strategies per draw), so each
-# spec gets one coverage run that stops as soon as every target was seen, and checks the
+# Drawing a whole case costs a few ms of Hypothesis time, so each spec gets one coverage run that stops as soon as every target was seen, and checks the
 # spec's invariants on every case it draws on the way.
 
 class _Covered(Exception):

@@ -266,3 +266,55 @@ def test_alignment_floor_covers_the_measured_h100_subnormal_fp16_dot_only_when_d
     normal = np.array([[1.5, -3.0]])
     assert np.array_equal(T.aligned_magnitude(normal, torch.float16), np.abs(normal))
     assert T.aligned_magnitude(np.array([0.0]), torch.float16)[0] == 0.0
+
+
+def _ulp_by_frexp(dtype, value):
+    """The spacing written the slow, obvious way (frexp / ldexp): the oracle for ulp's bit
+    reading, including its documented Inf / NaN / float64-subnormal conventions."""
+    mant, emin = T._fmt(dtype)
+    v = np.abs(np.asarray(value, dtype=np.float64))
+    _, exp = np.frexp(v)
+    e = np.maximum(np.where(v > 0, exp - 1, emin), emin)
+    return np.ldexp(1.0, (e - mant).astype(np.int64))
+
+
+@pytest.mark.parametrize("dtype", [FP64, FP32, BF16, FP16, "tf32"])
+def test_ulp_bit_reading_matches_frexp(dtype):
+    rng = np.random.default_rng(7)
+    vals = np.concatenate([
+        rng.standard_normal(500) * 2.0 ** rng.integers(-160, 160, 500),
+        [0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
+         math.inf, -math.inf, math.nan, 65504.0, 65520.0, 2.0**-126, 2.0**-14, 2.0**-149]])
+    np.testing.assert_array_equal(T.ulp(dtype, vals), _ulp_by_frexp(dtype, vals))
+    assert T.ulp(dtype, 3.0) == _ulp_by_frexp(dtype, 3.0)  # 0-d input too
+
+
+@pytest.mark.parametrize("out_dtype", [FP32, BF16, FP16, FP64])
+def test_compare_bounded_fast_path_is_the_general_verdict(out_dtype):
+    """Where every element is finite and within tol, compare_bounded takes a short path; it
+    must return exactly the Metrics the general path (every NaN / Inf / overflow rule)
+    returns, zero and infinite tolerances included, and decline anything else."""
+    rng = np.random.default_rng(3)
+    e = rng.standard_normal((7, 13)) * 4
+    tol = np.abs(rng.standard_normal((7, 13))) * 1e-2
+    tol[0, :3] = 0.0
+    tol[1, :2] = math.inf
+    a = e + rng.uniform(-1, 1, e.shape) * tol
+    a[0, :3] = e[0, :3]
+    a[1, :2] = e[1, :2] + 1e3
+    a = torch.from_numpy(a).to(out_dtype).double().numpy()  # actual lies in out_dtype
+    e = a + rng.uniform(-0.5, 0.5, e.shape) * np.where(np.isfinite(tol), tol, 1.0)
+    thr = T.overflow_threshold(out_dtype) if out_dtype != FP64 else math.inf
+    err = np.abs(a - e)
+    fast = T._all_finite_within("t", err, tol, a, e, thr)
+    assert fast is not None and fast == T._bounded_general("t", err, tol, a, e, thr)
+    assert T.compare_bounded(torch.from_numpy(a), e, tol, out_dtype, tier="t") == fast
+    # One element out of bound, NaN, or Inf: the short path declines.
+    for bad in (e[2, 2] + 1.0, math.nan, math.inf):
+        a2 = a.copy()
+        a2[2, 2] = bad
+        assert T._all_finite_within("t", np.abs(a2 - e), tol, a2, e, thr) is None
+    # |a| at or past the overflow threshold (an actual not in out_dtype): declined.
+    if out_dtype != FP64:
+        big = np.full((2,), thr)
+        assert T._all_finite_within("t", np.zeros(2), np.ones(2), big, big, thr) is None

@@ -77,20 +77,27 @@ class Slot:
     retired: bool = False
 
 
-def _gpu_envs(n: int | None, device: str) -> list[dict]:
-    """Per-worker environment additions: one GPU each when several are visible."""
+def worker_envs(n: int | None, device: str) -> list[dict]:
+    """Per-worker environment additions: one GPU each when several are visible, and an equal
+    share of the CPU cores for each worker's torch / OpenMP thread pool (the harness's float64
+    work is CPU work; n workers with a pool of every core each measured slower on the H100
+    host than one).  An OMP_NUM_THREADS already set is kept."""
+    envs: list[dict]
     if device == "cuda":
         import torch
         count = torch.cuda.device_count()
         visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
         ids = visible or [str(i) for i in range(count)]
         n = n or max(1, len(ids))
-        if len(ids) > 1:
-            return [{"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]} for i in range(n)]
-        return [{} for _ in range(n)]
-    n = n or 1
+        envs = [{"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]} if len(ids) > 1 else {}
+                for i in range(n)]
+    else:
+        n = n or 1
+        envs = [{} for _ in range(n)]
     threads = str(max(1, (os.cpu_count() or 1) // n))
-    return [{"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)} for _ in range(n)]
+    for env in envs:
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", threads)
+    return envs
 
 
 class Campaign:
@@ -107,7 +114,7 @@ class Campaign:
         self.start = time.time()
         self.deadline = self.start + cfg.seconds
         self.shrink_grace = min(60.0, max(5.0, 0.2 * cfg.seconds))
-        self.slots = [Slot(i, env) for i, env in enumerate(_gpu_envs(cfg.workers, cfg.device))]
+        self.slots = [Slot(i, env) for i, env in enumerate(worker_envs(cfg.workers, cfg.device))]
 
     # ---- processes ------------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:

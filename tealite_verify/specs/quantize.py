@@ -49,7 +49,8 @@ U8 = torch.uint8
 def _distributions(fmt: str, dtype: str) -> st.SearchStrategy[dict]:
     """Values for quantizing to ``fmt``: exact codes, ties and scale boundaries half the time."""
     edges = st.just({"kind": "quant_edges", "fmt": fmt, "block": 32})
-    specials = st.builds(lambda f: {"kind": "specials", "frac": f}, pick(0.01, 0.2))
+    specials = st.builds(lambda f: {"kind": "specials", "frac": f,
+                                         "sample_dtype": "float32"}, pick(0.01, 0.2))
     return st.one_of(edges, edges, specials, distributions(dtype))
 
 
