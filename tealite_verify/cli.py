@@ -246,8 +246,9 @@ def _add_fuzz_parser(sub) -> None:
     budget.add_argument("--seconds", type=float, help="time budget in seconds")
     z.add_argument("--seed", type=int, default=0)
     z.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    z.add_argument("--workers", type=int, help="worker processes (default: one per visible "
-                                              "GPU with --device cuda, else 1)")
+    z.add_argument("--workers", type=int, help="worker processes (default with --device cuda: "
+                                              "up to 4 per visible GPU, at least 4 cores "
+                                              "each, GPUs dealt round-robin; else 1)")
     z.add_argument("--corpus", help="findings directory (default $TEALITE_FINDINGS or "
                                     "./findings)")
     z.add_argument("--json", help="write the JSON report here")

@@ -117,6 +117,39 @@ def test_worker_envs_split_gpus_and_cpu_threads(monkeypatch):
     envs = worker_envs(4, "cuda")
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3", "5", "3", "5"]
     assert all(e["OMP_NUM_THREADS"] == str(max(1, cores // 4)) for e in envs)
-    assert len(worker_envs(None, "cuda")) == 2  # default: one per visible GPU
+    from tealite_verify.fuzz.supervisor import default_cuda_workers
+    assert len(worker_envs(None, "cuda")) == default_cuda_workers(2, cores)
+    assert [default_cuda_workers(g, c) for g, c in [(1, 16), (1, 2), (2, 16), (8, 128),
+                                                    (1, 64), (0, 8)]] == [4, 1, 4, 32, 4, 2]
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert all(e["OMP_NUM_THREADS"] == "3" for e in worker_envs(2, "cpu"))
+
+
+def test_run_case_on_inputs_built_on_a_thread_is_the_same_case():
+    """The fuzzer builds each next variant's inputs on a thread (runner.run_case(inputs=));
+    the verdict must be the one run_case reaches building them itself, and a failure to
+    build them is raised as make_inputs' own would be (the worker records it as a harness
+    finding)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pytest
+
+    from tealite_verify.runner import run_case
+    from tealite_verify.specs import get_spec
+    for op in ("gemm", "quantize", "layernorm_fwd"):
+        spec = get_spec(op)
+        for case in spec.smoke_cases[:2]:
+            direct = run_case(spec, case, backends=["torch"])
+            with ThreadPoolExecutor(1) as pool:
+                built = pool.submit(spec.make_inputs, case, "cpu")
+                ahead = run_case(spec, case, backends=["torch"], inputs=built.result)
+            assert ahead.comparisons and ahead.verdict == direct.verdict == "pass"
+            assert [c.metrics for c in ahead.comparisons] == \
+                [c.metrics for c in direct.comparisons]
+
+    def broken():
+        raise ValueError("unknown distribution kind 'bogus'")
+
+    with pytest.raises(ValueError, match="bogus"):
+        run_case(get_spec("gemm"), get_spec("gemm").smoke_cases[0], backends=["torch"],
+                 inputs=broken)

@@ -177,6 +177,14 @@ class Worker:
         self.last_end = time.perf_counter()
         self.versions: dict = {}
         self.db_used: set[str] = set()
+        self._pool = None
+
+    def prefetch(self, spec, case):
+        """A future of ``spec.make_inputs(case, device)``, built on the input thread."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inputs")
+        return self._pool.submit(spec.make_inputs, case, self.device)
 
     def run(self) -> int:
         from hypothesis.database import DirectoryBasedExampleDatabase
@@ -229,17 +237,26 @@ class Worker:
             # Drawing a case costs Hypothesis several ms, more than a small kernel and its
             # reference: run a few data seeds of each drawn case (same shape, recipe and
             # distribution), target the worst of them, and record the failing variant itself
-            # (a plain case, replayable as is).
+            # (a plain case, replayable as is).  Each next variant's inputs are generated on
+            # a thread while the current one runs (torch's generators and copies, and
+            # numpy's large array operations, release the GIL).
             best = [0.0, 0.0]
+            variants = _seed_variants(case, n_variants)
+            ahead = None
             try:
-                for v in _seed_variants(case, n_variants):
-                    ratio, mism = run_one(v)
+                for j, v in enumerate(variants):
+                    current = ahead
+                    ahead = (self.prefetch(spec0, variants[j + 1])
+                             if j + 1 < len(variants) else None)
+                    ratio, mism = run_one(v, current.result if current else None)
                     best[0], best[1] = max(best[0], ratio), max(best[1], mism)
             finally:
+                if ahead is not None:
+                    ahead.cancel()
                 htarget(min(best[0], RATIO_CAP), label="max err/tol")
                 htarget(best[1], label="mismatched elements")
 
-        def run_one(case):
+        def run_one(case, inputs=None):
             limit = self.deadline + (self.shrink_grace if latest else 0.0)
             if time.time() > limit:
                 raise _OutOfTime()
@@ -248,7 +265,7 @@ class Worker:
             stage_times.clear()
             self.events.emit("case", op=op, case=case)
             try:
-                rep = run_case(spec, case, backends=names, device=self.device)
+                rep = run_case(spec, case, backends=names, device=self.device, inputs=inputs)
             except Exception as exc:  # the harness (inputs / reference / tiers) itself failed
                 from tealite_verify.fuzz.findings import new_finding
                 line = traceback.format_exception_only(type(exc), exc)[-1].strip()
