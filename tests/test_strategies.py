@@ -514,3 +514,18 @@ def test_norm_tiny_inputs_are_subnormals_of_x_dtype(op, dtype):
     x = spec.make_inputs(case, "cpu")["x"]
     tiny = torch.finfo(x.dtype).tiny
     assert ((x.double().abs() < tiny) & (x != 0)).any()
+
+
+def test_pick_builds_one_strategy_per_value_list_and_keeps_types_apart():
+    """pick() is sampled_from built once per distinct list (a composite calls it on every
+    draw); values that compare equal but differ in type or sign are different lists."""
+    from tealite_verify.strategies.choices import pick
+    assert pick("a", "b", "b") is pick("a", "b", "b")
+    assert pick(0, 1) is not pick(False, True)
+    assert find(pick(False, True), lambda v: True) is False
+    assert str(find(pick(-0.0), lambda v: True)) == "-0.0"
+    assert find(pick(0.0), lambda v: True) == 0.0 and str(find(pick(0.0), lambda v: True)) == "0.0"
+    seen = {find(pick(1, 2, 3), lambda v, t=t: v == t) for t in (1, 2, 3)}
+    assert seen == {1, 2, 3}
+    with pytest.raises(ValueError, match="at least one value"):
+        pick()

@@ -17,11 +17,11 @@ from tealite_verify.specs import activations as act_spec
 from tealite_verify.specs.norm_quant import (draw_recipe_and_outputs, fit_to_recipe,
                                              output_flags, quantized_expected,
                                              quantized_outputs, scale_input)
+from tealite_verify.strategies.choices import pick
+from tealite_verify.strategies.recipes import recipe_from_json
 
 # The gated kinds AITER's act_mul_and_* kernels compute (silu, gelu, relu on the first half).
 AITER_KINDS = ("swiglu", "geglu", "reglu")
-from tealite_verify.strategies.recipes import recipe_from_json
-from tealite_verify.strategies.choices import pick
 
 
 @st.composite

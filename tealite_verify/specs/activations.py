@@ -16,11 +16,11 @@ from tealite_verify import tolerance as tol
 from tealite_verify.references import activations as ref
 from tealite_verify.references._special import SQRT_2_OVER_PI, normal_pdf, sigmoid
 from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
-from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": (24, 256), "local": (128, 2048), "large": (1024, 4096)}
 OPS = 8  # rounded operations per element in any kind's formula (generous)

@@ -11,9 +11,9 @@ from tealite import recipes as R
 from tealite.formats import FP8_FORMATS
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import generate
-from tealite_verify.strategies.choices import pick
 
 
 @st.composite

@@ -9,11 +9,11 @@ from tealite.ops.gemm import LAYOUTS
 from tealite_verify import tolerance
 from tealite_verify.references import gemm as ref
 from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
-from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": (48, 256), "local": (160, 2048), "large": (1024, 8192)}
 

@@ -17,9 +17,9 @@ from tealite.ops.layouts import weight_tile
 from tealite_verify import tolerance
 from tealite_verify.references import layouts as ref
 from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.shapes import dim
 from tealite_verify.strategies.values import seeds
-from tealite_verify.strategies.choices import pick
 
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16,
                  "e4m3": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz,

@@ -27,10 +27,10 @@ from tealite_verify.references import fused as fref
 from tealite_verify import tolerance as tol
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs import norms as norm_spec
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, recipe_from_json,
                                                recipes)
 from tealite_verify.tolerance_fused import FusedQuantJudge
-from tealite_verify.strategies.choices import pick
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
 FUSED_KINDS = ("delayed", "current", "mx")

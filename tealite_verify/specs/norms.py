@@ -15,11 +15,11 @@ import tealite
 from tealite_verify import tolerance as tol
 from tealite_verify.references import norms as ref
 from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
-from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": (24, 320), "local": (128, 2048), "large": (4096, 8192)}
 SAFETY = 2.0

@@ -16,12 +16,12 @@ from tealite_verify.references import qgemm as ref
 from tealite_verify.references import quantize as qref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs.gemm import stored_shapes
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.recipes import recipe_from_json, recipes
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
-from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": (48, 256), "local": (160, 1024), "large": (1024, 4096)}
 

@@ -33,13 +33,13 @@ from tealite.ops.quantize import QuantizedTensor
 from tealite_verify import tolerance, tolerance_quant
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, aiter_recipes,
                                                recipe_from_json, recipes)
 from tealite_verify.strategies.shapes import dim, row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
-from tealite_verify.strategies.choices import pick
 
 _LIMITS = {"ci": 160, "local": 600, "large": 4096}
 U8 = torch.uint8

@@ -15,18 +15,14 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 
+_BUILT: dict[tuple, st.SearchStrategy] = {}
+
+
 def pick(*values) -> st.SearchStrategy:
     """One of ``values`` (duplicates weight the draw), as ``st.sampled_from`` does."""
     if not values:
         raise ValueError("pick() needs at least one value")
-    return _sampled(tuple((type(v), repr(v)) for v in values), values)
-
-
-_STRATEGIES: dict[tuple, st.SearchStrategy] = {}
-
-
-def _sampled(key: tuple, values: tuple) -> st.SearchStrategy:
-    s = _STRATEGIES.get(key)
-    if s is None:
-        s = _STRATEGIES[key] = st.sampled_from(list(values))
-    return s
+    key = tuple((type(v), repr(v)) for v in values)
+    if key not in _BUILT:
+        _BUILT[key] = st.sampled_from(list(values))
+    return _BUILT[key]
