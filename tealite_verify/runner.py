@@ -9,7 +9,9 @@ Each report carries ``timings`` (``time.perf_counter`` seconds): "inputs", "back
 per backend, "reference" (float64 view + reference) and "compare" (tolerances + metrics).
 On CUDA the device is synchronized at each boundary so asynchronous kernels are charged to
 the backend that launched them, not to whatever synchronizes next.  When the case runs on
-CUDA, the float64 reference products run there too (see ``references._device``).
+CUDA, the float64 reference products run there too (see ``references._device``); for a spec
+with ``device_reference`` the whole reference, its bounds and the comparison do (only a
+comparison that is not all finite and within leaves the device, for the general rules).
 """
 from __future__ import annotations
 
@@ -120,8 +122,12 @@ def _clone(inputs: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def _reference_view(inputs: dict) -> dict:
-    """float64 numpy copies of the tensor inputs (non-tensors pass through)."""
+def _reference_view(inputs: dict, device: str | None = None) -> dict:
+    """float64 copies of the tensor inputs (non-tensors pass through): numpy arrays, or with
+    ``device`` torch tensors there."""
+    if device is not None:
+        return {k: v.detach().to(device, torch.float64, copy=True)
+                if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     return {k: v.detach().to("cpu", torch.float64).numpy() if isinstance(v, torch.Tensor) else v
             for k, v in inputs.items()}
 
@@ -201,9 +207,11 @@ def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
     comparisons: list[Comparison] = []
     ran = [o for o in outcomes.values() if o.status == "ok"]
     if ran:
-        with reference_device.reference_device(reference_device.for_case(device)):
+        ref_device = reference_device.for_case(device)
+        with reference_device.reference_device(ref_device):
             t = time.perf_counter()
-            expected = spec.reference(_reference_view(inputs), case)
+            view = _reference_view(inputs, ref_device if spec.device_reference else None)
+            expected = spec.reference(view, case)
             timings["reference"] = time.perf_counter() - t
             t = time.perf_counter()
             comparisons = _comparisons(ran, expected, pairwise)

@@ -57,6 +57,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from tealite_verify.references._device import namespace
+
 # (explicit mantissa bits, minimum normal exponent) per floating dtype.
 _FORMATS = {
     torch.float64: (52, -1022),
@@ -94,8 +96,12 @@ def ulp(dtype, value) -> np.ndarray:
 
     Zero and values below ``dtype``'s normal range get the subnormal spacing 2^(emin-mant);
     +-Inf gets 2^(-1-mant) and NaN the subnormal spacing (what frexp's exponent 0 gave).
+    A torch tensor (a bound computed on the reference device) gets the same values as a
+    float64 tensor on its device.
     """
     mant, emin = _fmt(dtype)
+    if isinstance(value, torch.Tensor):
+        return _ulp_torch(mant, emin, value)
     v = np.abs(np.asarray(value, dtype=np.float64))
     # floor(log2 v) is the biased exponent field minus 1023 for normal float64 v; zero and
     # float64 subnormals read -1023 and are lifted to emin below.  Read off the bits: this
@@ -107,6 +113,16 @@ def ulp(dtype, value) -> np.ndarray:
     if emin - mant >= -1022:  # 2^(e - mant) is a normal float64: build it from its bits
         return ((e - mant + 1023) << 52).view(np.float64)
     return np.ldexp(1.0, (e - mant).astype(np.int64))
+
+
+def _ulp_torch(mant: int, emin: int, value: torch.Tensor) -> torch.Tensor:
+    v = value.detach().to(torch.float64).abs()
+    field = v.view(torch.int64) >> 52
+    e = torch.clamp_min(field - 1023, emin)
+    e = torch.where(field == 2047, torch.where(torch.isnan(v), emin, -1), e)
+    if emin - mant >= -1022:
+        return ((e - mant + 1023) << 52).view(torch.float64)
+    return torch.ldexp(torch.ones_like(v), e - mant)
 
 
 def overflow_threshold(dtype) -> float:
@@ -193,15 +209,29 @@ def _finish(tier, ok, err, tol, a, e, nonfinite) -> Metrics:
 
 
 def compare_bounded(actual, expected, tol, out_dtype, *, tier: str = "bounded") -> Metrics:
-    """|actual - expected| <= tol elementwise, NaN/Inf- and overflow-aware."""
+    """|actual - expected| <= tol elementwise, NaN/Inf- and overflow-aware.
+
+    ``expected`` (and ``tol``) may be torch tensors on the reference device: the usual case,
+    every element finite and within, is then decided there; anything else is judged on the
+    host by the same code as numpy inputs.
+    """
+    thr = overflow_threshold(out_dtype) if out_dtype in (torch.float16, torch.bfloat16,
+                                                          torch.float32) else math.inf
+    if isinstance(expected, torch.Tensor):
+        bad = _shape_mismatch(tier, tuple(actual.shape), tuple(expected.shape))
+        if bad:
+            return bad
+        fast = _all_finite_within_torch(tier, actual, expected, tol, thr)
+        if fast is not None:
+            return fast
+    if isinstance(tol, torch.Tensor):
+        tol = tol.detach().cpu().numpy()
     e = _to_f64(expected)
     bad = _shape_mismatch(tier, tuple(actual.shape), e.shape)
     if bad:
         return bad
     a = _to_f64(actual)
     tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), e.shape)
-    thr = overflow_threshold(out_dtype) if out_dtype in (torch.float16, torch.bfloat16,
-                                                          torch.float32) else math.inf
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a - e)
     fast = _all_finite_within(tier, err, tol, a, e, thr)
@@ -248,6 +278,30 @@ def _all_finite_within(tier, err, tol, a, e, thr) -> Metrics | None:
                    max_abs_err=float(err.max()), max_ratio=float(ratio.reshape(-1)[flat]),
                    worst_index=idx, worst_actual=float(a[idx]), worst_expected=float(e[idx]),
                    worst_tol=float(tol[idx]), nonfinite_mismatches=0)
+
+
+def _all_finite_within_torch(tier, actual, e, tol, thr) -> Metrics | None:
+    """``_all_finite_within`` computed on ``e``'s device with torch: the same IEEE operations
+    (|a - e|, comparisons, err / tol), argmax's first maximum, one host transfer at the end."""
+    if e.numel() == 0:
+        return None
+    a = actual.detach().to(e.device, torch.float64)
+    tol = torch.as_tensor(tol, dtype=torch.float64, device=e.device).broadcast_to(e.shape)
+    err = (a - e).abs()
+    ok = torch.isfinite(err).all() & (err <= tol).all()
+    if math.isfinite(thr):
+        ok = ok & (a.abs().max() < thr)
+    if not bool(ok):
+        return None
+    ratio = torch.where(tol > 0, err / torch.where(tol > 0, tol, 1.0), 0.0)
+    flat = torch.argmax(ratio.reshape(-1))
+    picked = torch.stack([err.max(), ratio.reshape(-1)[flat], a.reshape(-1)[flat],
+                          e.reshape(-1)[flat], tol.reshape(-1)[flat],
+                          flat.to(torch.float64)]).tolist()
+    idx = tuple(int(i) for i in np.unravel_index(int(picked[5]), tuple(e.shape)))
+    return Metrics(tier=tier, numel=int(e.numel()), mismatches=0, max_abs_err=picked[0],
+                   max_ratio=picked[1], worst_index=idx, worst_actual=picked[2],
+                   worst_expected=picked[3], worst_tol=picked[4], nonfinite_mismatches=0)
 
 
 def _bits(t) -> np.ndarray:
@@ -316,8 +370,9 @@ def underflow_error(dtype) -> float:
 
 def with_output_rounding(ref, compute_err, out_dtype, *, roundings: int = 1) -> np.ndarray:
     """Add ``roundings`` round-to-nearest steps into ``out_dtype`` to a compute-error bound."""
-    e = np.asarray(compute_err, dtype=np.float64)
-    return roundings * 0.5 * ulp(out_dtype, np.abs(ref) + e) + e
+    xp = namespace(ref, compute_err)
+    e = xp.asarray(compute_err)
+    return roundings * 0.5 * ulp(out_dtype, xp.abs(xp.asarray(ref)) + e) + e
 
 
 def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Mapping[str, Any], *,
@@ -327,8 +382,9 @@ def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Mapping[str, Any]
     c_dt = compute_dtype(numerics)
     u_c = unit_roundoff(c_dt)
     coef = ops * u_c + (gamma(reduction, u_c) if reduction > 0 else 0.0)
-    e_c = coef * np.abs(np.asarray(magnitude, dtype=np.float64))
-    e_c = e_c + (ops + reduction) * underflow_error(c_dt) * np.asarray(underflow_scale)
+    xp = namespace(ref, magnitude, underflow_scale)
+    e_c = coef * xp.abs(xp.asarray(magnitude))
+    e_c = e_c + (ops + reduction) * underflow_error(c_dt) * xp.asarray(underflow_scale)
     return with_output_rounding(ref, e_c, out_dtype, roundings=roundings)
 
 

@@ -573,11 +573,28 @@ def test_runner_verdicts_unchanged_with_device_references(op, monkeypatch):
     plain = [runner.run_case(spec, c, backends=["torch"], device="cpu").verdict
              for c in spec.smoke_cases]
     moved = _record_moves(monkeypatch)
+    on_device = _record_device_compares(monkeypatch)
     monkeypatch.setattr(_device, "for_case", lambda device: "cpu")
     routed = [runner.run_case(spec, c, backends=["torch"], device="cpu").verdict
               for c in spec.smoke_cases]
     assert routed == plain and "pass" in plain, (plain, routed)
-    assert "cpu" in moved  # (gemm: through its GELU-epilogue smoke case)
+    if spec.device_reference:  # inputs, reference, bounds and comparison all on the device
+        assert on_device and set(on_device) == {"cpu"} and not moved
+    else:
+        assert "cpu" in moved  # (gemm: through its GELU-epilogue smoke case)
+
+
+def _record_device_compares(monkeypatch):
+    """Record the device of every comparison decided on the reference device."""
+    from tealite_verify import tolerance
+    seen, real = [], tolerance._all_finite_within_torch
+
+    def record(tier, actual, e, tol, thr):
+        seen.append(e.device.type)
+        return real(tier, actual, e, tol, thr)
+
+    monkeypatch.setattr(tolerance, "_all_finite_within_torch", record)
+    return seen
 
 
 @_CUDA
@@ -599,8 +616,57 @@ def test_gpu_norm_references_agree_with_numpy(rms, zc):
 @pytest.mark.parametrize("op", _NORM_ACT_OPS)
 def test_cuda_norm_act_cases_use_gpu_references(op, monkeypatch):
     seen = _record_moves(monkeypatch)
+    on_device = _record_device_compares(monkeypatch)
     spec = get_spec(op)
     for case in spec.smoke_cases:
         rep = runner.run_case(spec, case, backends=["torch"], device="cuda")
         assert rep.verdict in ("pass", "skip"), rep.describe()
-    assert seen and set(seen) == {"cuda"}
+    if spec.device_reference:
+        assert on_device and set(on_device) == {"cuda"} and not seen
+    else:
+        assert seen and set(seen) == {"cuda"}
+
+
+# ---- specs whose reference, bounds and comparison run on the device ----------------------
+
+@pytest.mark.parametrize("op", [n for n in _NORM_ACT_OPS if get_spec(n).device_reference])
+def test_device_comparison_reaches_the_numpy_verdicts_on_drawn_cases(op, monkeypatch):
+    """Drawn cases (hostile distributions, specials, empty dims) judged with the reference,
+    its bounds and the comparison in torch float64 (here on the CPU) against the numpy path:
+    the same verdict, mismatch count and worst ratio.  The ratio may move in its 8th digit:
+    torch's exp / tanh / erf are a few float64 ulp from libm's, and an fp32 output's error
+    |y - ref| is ~2^-24 of |ref|, so a 2^-52 change in ref is ~2^-28 of that error."""
+    from tealite_verify.cli import drawn_cases
+    spec = get_spec(op)
+    cases = list(spec.smoke_cases) + drawn_cases(spec, 40, "ci", seed=5)
+    plain = [runner.run_case(spec, c, backends=["torch"], device="cpu") for c in cases]
+    on_device = _record_device_compares(monkeypatch)
+    monkeypatch.setattr(_device, "for_case", lambda device: "cpu")
+    routed = [runner.run_case(spec, c, backends=["torch"], device="cpu") for c in cases]
+    assert on_device
+    for c, p, r in zip(cases, plain, routed):
+        assert r.verdict == p.verdict, (c, p.describe(), r.describe())
+        for cp, cr in zip(p.comparisons, r.comparisons):
+            assert cr.metrics.mismatches == cp.metrics.mismatches, c
+            assert cr.metrics.max_ratio == pytest.approx(cp.metrics.max_ratio, rel=1e-6,
+                                                         abs=1e-12), c
+
+
+def test_device_comparison_catches_a_wrong_backend(monkeypatch):
+    """A backend one output ulp off (bfloat16 silu) fails through the device path too: the
+    comparison leaves the device for the general rules and reports the same Metrics."""
+    spec = get_spec("act_fwd")
+    case = {"kind": "silu", "shape": [9, 64], "dtype": "bfloat16",
+            "dist": {"kind": "normal", "scale": 2.0}, "seed": 3}
+    real_call = spec.call
+
+    def off_by_ulps(inputs, c, backend):
+        y = real_call(inputs, c, backend)["y"]
+        return {"y": (y.float() * (1 + 2.0**-6)).to(y.dtype)}
+
+    wrong = dataclasses.replace(spec, call=off_by_ulps)
+    plain = runner.run_case(wrong, case, backends=["torch"], device="cpu")
+    monkeypatch.setattr(_device, "for_case", lambda device: "cpu")
+    routed = runner.run_case(wrong, case, backends=["torch"], device="cpu")
+    assert plain.verdict == routed.verdict == "fail"
+    assert routed.comparisons[0].metrics.mismatches == plain.comparisons[0].metrics.mismatches

@@ -287,6 +287,10 @@ def test_ulp_bit_reading_matches_frexp(dtype):
          math.inf, -math.inf, math.nan, 65504.0, 65520.0, 2.0**-126, 2.0**-14, 2.0**-149]])
     np.testing.assert_array_equal(T.ulp(dtype, vals), _ulp_by_frexp(dtype, vals))
     assert T.ulp(dtype, 3.0) == _ulp_by_frexp(dtype, 3.0)  # 0-d input too
+    # A tensor on the reference device gets the same spacings (float64 tensor).
+    on_device = T.ulp(dtype, torch.from_numpy(vals))
+    assert on_device.dtype == torch.float64
+    np.testing.assert_array_equal(on_device.numpy(), _ulp_by_frexp(dtype, vals))
 
 
 @pytest.mark.parametrize("out_dtype", [FP32, BF16, FP16, FP64])
@@ -318,3 +322,35 @@ def test_compare_bounded_fast_path_is_the_general_verdict(out_dtype):
     if out_dtype != FP64:
         big = np.full((2,), thr)
         assert T._all_finite_within("t", np.zeros(2), np.ones(2), big, big, thr) is None
+
+
+def _same_metrics(x, y) -> bool:
+    """Metrics equality with NaN equal to NaN (a NaN worst value is a legitimate report)."""
+    dx, dy = x.to_dict(), y.to_dict()
+    return dx.keys() == dy.keys() and all(
+        dx[k] == dy[k] or (isinstance(dx[k], float) and isinstance(dy[k], float)
+                           and math.isnan(dx[k]) and math.isnan(dy[k])) for k in dx)
+
+
+@pytest.mark.parametrize("out_dtype", [FP32, BF16, FP16])
+def test_compare_bounded_on_device_tensors_is_the_host_verdict(out_dtype):
+    """Expected and tol as torch float64 tensors (a reference computed on the device): the
+    comparison decided there returns exactly the host path's Metrics, and anything not all
+    finite and within (an error, NaN / Inf, a shape mismatch) gets the host's general rules."""
+    rng = np.random.default_rng(11)
+    a = torch.from_numpy(rng.standard_normal((5, 17)) * 3).to(out_dtype)
+    tol = np.abs(rng.standard_normal((5, 17))) * 1e-2
+    tol[0, :2] = 0.0
+    e = a.double().numpy() + rng.uniform(-0.5, 0.5, tol.shape) * tol
+    host = T.compare_bounded(a, e, tol, out_dtype, tier="t")
+    dev = T.compare_bounded(a, torch.from_numpy(e), torch.from_numpy(tol), out_dtype, tier="t")
+    assert host.passed and host.max_ratio > 0 and dev == host
+    for bad in (float(e[3, 3]) + 1.0, math.nan, math.inf):
+        a2 = a.clone()
+        a2[3, 3] = bad
+        host = T.compare_bounded(a2, e, tol, out_dtype, tier="t")
+        dev = T.compare_bounded(a2, torch.from_numpy(e), torch.from_numpy(tol), out_dtype,
+                                tier="t")
+        assert not host.passed and _same_metrics(dev, host), bad
+    shape = T.compare_bounded(a[:4], torch.from_numpy(e), torch.from_numpy(tol), out_dtype)
+    assert shape.shape_error and not shape.passed

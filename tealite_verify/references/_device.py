@@ -91,7 +91,8 @@ def _numpy_erfc(x) -> np.ndarray:
 NUMPY = SimpleNamespace(
     name="numpy", asarray=lambda x: np.asarray(x, dtype=np.float64),
     sqrt=np.sqrt, exp=np.exp, tanh=np.tanh, abs=np.abs, maximum=np.maximum, where=np.where,
-    concatenate=np.concatenate, mean=np.mean, sum=np.sum, erf=_numpy_erf, erfc=_numpy_erfc)
+    concatenate=np.concatenate, mean=np.mean, sum=np.sum, erf=_numpy_erf, erfc=_numpy_erfc,
+    zeros_like=np.zeros_like)
 
 
 class TorchF64:
@@ -106,6 +107,7 @@ class TorchF64:
 
         self.torch, self.device, self.name = torch, device, f"torch:{device}"
         self.sqrt, self.exp, self.tanh, self.abs = torch.sqrt, torch.exp, torch.tanh, torch.abs
+        self.zeros_like = torch.zeros_like
         self.erf, self.erfc = torch.special.erf, torch.special.erfc
 
     def asarray(self, x):

@@ -51,6 +51,11 @@ class OpSpec:
     reference: Callable[[dict, dict], dict[str, Expected]]
     smoke_cases: tuple[dict, ...] = field(default=())
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    # True when reference() and its bounds are written against the array namespace
+    # (references._device.namespace): on a GPU case they then get float64 tensors on the
+    # device and return tensors there, and the comparison runs on the device too.  Otherwise
+    # (and off the GPU) they get numpy arrays.
+    device_reference: bool = False
 
 
 SIZES = ("ci", "local", "large")

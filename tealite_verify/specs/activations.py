@@ -7,13 +7,15 @@ argument causes through exp/erf/tanh.  Cancellation (1 + erf(x/sqrt2) for x << 0
 """
 from __future__ import annotations
 
-import numpy as np
+import math
+
 from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.activations import GATED, KINDS, POINTWISE, output_shape
 from tealite_verify import tolerance as tol
 from tealite_verify.references import activations as ref
+from tealite_verify.references._device import namespace
 from tealite_verify.references._special import SQRT_2_OVER_PI, normal_pdf, sigmoid
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
@@ -26,48 +28,48 @@ _LIMITS = {"ci": (24, 256), "local": (128, 2048), "large": (1024, 4096)}
 OPS = 8  # rounded operations per element in any kind's formula (generous)
 
 
-def _sig_mag(x, a):
-    s = sigmoid(a * x)
-    return s, a * np.abs(x) * s
-
+# The bounds below are written against the array namespace of x (numpy, or torch float64 on
+# the reference device: see OpSpec.device_reference), like the references they accompany.
 
 def fwd_magnitude(kind, x):
-    ax = np.abs(x)
+    xp = namespace(x)
+    ax = xp.abs(x)
     if kind == "gelu":
         return ax
     if kind == "gelu_tanh":
         inner = SQRT_2_OVER_PI * (x + ref.GELU_TANH_C * x**3)
-        return ax * (1.0 + np.abs(inner) * (1.0 - np.tanh(inner) ** 2))
+        return ax * (1.0 + xp.abs(inner) * (1.0 - xp.tanh(inner) ** 2))
     if kind in ("silu", "qgelu"):
         a = 1.0 if kind == "silu" else ref.QGELU_ALPHA
         s = sigmoid(a * x)
         return ax * s * (1.0 + a * ax * (1.0 - s))
     if kind == "srelu":
-        return np.where(x > 0, x * x, 0.0)
+        return xp.where(x > 0, x * x, 0.0)
     if kind == "relu":
-        return np.zeros_like(x)
+        return xp.zeros_like(x)
     raise KeyError(kind)
 
 
 def bwd_magnitude(kind, x):
     """Magnitude of the derivative's evaluation (multiply by |dy| for dx)."""
-    ax = np.abs(x)
+    xp = namespace(x)
+    ax = xp.abs(x)
     if kind == "gelu":
         return 1.0 + ax * normal_pdf(x) * (1.0 + x * x)
     if kind == "gelu_tanh":
         poly = 1.0 + 3.0 * ref.GELU_TANH_C * x * x
         inner = SQRT_2_OVER_PI * (x + ref.GELU_TANH_C * x**3)
-        t = np.tanh(inner)
-        return 1.0 + ax * SQRT_2_OVER_PI * poly * (1.0 + np.abs(inner) * (1.0 - t * t)) + \
-            np.abs(inner) * (1.0 - t * t)
+        t = xp.tanh(inner)
+        return 1.0 + ax * SQRT_2_OVER_PI * poly * (1.0 + xp.abs(inner) * (1.0 - t * t)) + \
+            xp.abs(inner) * (1.0 - t * t)
     if kind in ("silu", "qgelu"):
         a = 1.0 if kind == "silu" else ref.QGELU_ALPHA
         s = sigmoid(a * x)
         return s + a * ax * s * (1.0 + (1.0 - s) * (1.0 + a * ax))
     if kind == "srelu":
-        return np.where(x > 0, 2.0 * ax, 0.0)
+        return xp.where(x > 0, 2.0 * ax, 0.0)
     if kind == "relu":
-        return np.zeros_like(x)
+        return xp.zeros_like(x)
     raise KeyError(kind)
 
 
@@ -79,19 +81,20 @@ def _split(x):
 def act_fwd_magnitude(kind, x):
     if kind in GATED:
         a, b = _split(x)
-        return fwd_magnitude(GATED[kind], a) * np.abs(b)
+        return fwd_magnitude(GATED[kind], a) * namespace(x).abs(b)
     return fwd_magnitude(kind, x)
 
 
 def act_bwd_magnitude(kind, dy, x):
+    xp = namespace(x)
     if kind in GATED:
         base = GATED[kind]
         a, b = _split(x)
-        f_abs = np.abs(ref.POINTWISE[base][0](a))
-        mag_a = np.abs(dy) * (bwd_magnitude(base, a) * np.abs(b))
-        mag_b = np.abs(dy) * (fwd_magnitude(base, a) + f_abs)
-        return np.concatenate([mag_a, mag_b], axis=-1)
-    return np.abs(dy) * bwd_magnitude(kind, x)
+        f_abs = xp.abs(ref.POINTWISE[base][0](a))
+        mag_a = xp.abs(dy) * (bwd_magnitude(base, a) * xp.abs(b))
+        mag_b = xp.abs(dy) * (fwd_magnitude(base, a) + f_abs)
+        return xp.concatenate([mag_a, mag_b], axis=-1)
+    return xp.abs(dy) * bwd_magnitude(kind, x)
 
 
 @st.composite
@@ -120,16 +123,18 @@ def make_inputs(case, device):
 
 def underflow_scale(kind, x):
     """What an underflowed intermediate (sigmoid(x) ~ e^x, Phi(x)) is multiplied by later."""
+    xp = namespace(x)
     if kind in GATED:
         a, b = _split(x)
-        amp = 1.0 + np.abs(a)
-        return np.concatenate([amp * (1.0 + np.abs(b)), amp], axis=-1)
-    return 1.0 + np.abs(x)
+        amp = 1.0 + xp.abs(a)
+        return xp.concatenate([amp * (1.0 + xp.abs(b)), amp], axis=-1)
+    return 1.0 + xp.abs(x)
 
 
 def _expected(value, mag, dt, reduction=0, amp=1.0):
     return Expected(value, dt, "ulp", lambda n: tol.elementwise_tolerance(
-        value, mag + np.abs(value), dt, n, ops=OPS, reduction=reduction, underflow_scale=amp))
+        value, mag + namespace(value).abs(value), dt, n, ops=OPS, reduction=reduction,
+        underflow_scale=amp))
 
 
 def fwd_reference(x, case):
@@ -149,9 +154,10 @@ def bwd_reference(x, case):
 
 
 def _dx_underflow_scale(kind, x):
-    dy_abs = np.abs(x["dy"])
+    xp = namespace(x["dy"])
+    dy_abs = xp.abs(x["dy"])
     if kind in GATED:
-        dy_abs = np.concatenate([dy_abs, dy_abs], axis=-1)
+        dy_abs = xp.concatenate([dy_abs, dy_abs], axis=-1)
     return underflow_scale(kind, x["x"]) * (1.0 + dy_abs)
 
 
@@ -159,10 +165,11 @@ def dbias_reference(x, case):
     dx, dbias = ref.dbias_dact(x["dy"], x["x"], case["kind"])
     dt = dtype_of(case["dtype"])
     mag = act_bwd_magnitude(case["kind"], x["dy"], x["x"])
-    rows = dx.size // dx.shape[-1] if dx.shape[-1] else 0
-    mag_bias = (mag + np.abs(dx)).reshape(-1, dx.shape[-1]).sum(axis=0)
+    xp = namespace(dx)
+    rows = math.prod(dx.shape) // dx.shape[-1] if dx.shape[-1] else 0
+    mag_bias = xp.sum((mag + xp.abs(dx)).reshape(-1, dx.shape[-1]), axis=0)
     amp = _dx_underflow_scale(case["kind"], x)
-    amp_bias = amp.reshape(-1, dx.shape[-1]).sum(axis=0) if rows else 1.0
+    amp_bias = xp.sum(amp.reshape(-1, dx.shape[-1]), axis=0) if rows else 1.0
     return {"dx": _expected(dx, mag, dt, amp=amp),
             "dbias": _expected(dbias, mag_bias, dt, rows, amp=amp_bias)}
 
@@ -180,16 +187,17 @@ register(OpSpec(
     name="act_fwd", family="activations", cases=lambda dtype=None, size="ci": cases(
         dtype, size, bwd=False), make_inputs=make_inputs,
     call=lambda i, c, b: {"y": tealite.act_fwd(i["x"], c["kind"], backend=b)},
-    reference=fwd_reference, smoke_cases=_SMOKE))
+    reference=fwd_reference, smoke_cases=_SMOKE, device_reference=True))
 
 register(OpSpec(
     name="act_bwd", family="activations", cases=lambda dtype=None, size="ci": cases(
         dtype, size, bwd=True), make_inputs=make_inputs,
     call=lambda i, c, b: {"dx": tealite.act_bwd(i["dy"], i["x"], c["kind"], backend=b)},
-    reference=bwd_reference, smoke_cases=_SMOKE))
+    reference=bwd_reference, smoke_cases=_SMOKE, device_reference=True))
 
 register(OpSpec(
     name="dbias_dact", family="activations", cases=lambda dtype=None, size="ci": cases(
         dtype, size, bwd=True, kinds=POINTWISE), make_inputs=make_inputs,
     call=lambda i, c, b: tealite.dbias_dact(i["dy"], i["x"], c["kind"], backend=b)._asdict(),
-    reference=dbias_reference, smoke_cases=tuple(s for s in _SMOKE if s["kind"] in POINTWISE)))
+    reference=dbias_reference, smoke_cases=tuple(s for s in _SMOKE if s["kind"] in POINTWISE),
+    device_reference=True))

@@ -7,13 +7,15 @@ factor of 2 covers the dropped second-order terms.
 """
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import torch
 from hypothesis import strategies as st
 
 import tealite
 from tealite_verify import tolerance as tol
 from tealite_verify.references import norms as ref
+from tealite_verify.references._device import namespace
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
@@ -85,8 +87,15 @@ def _u(numerics):
     return tol.unit_roundoff(tol.compute_dtype(numerics))
 
 
+# The references' bounds below are written against the array namespace of their inputs
+# (numpy, or torch float64 on the reference device: OpSpec.device_reference).
+
 def _rows(a):
-    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+    return namespace(a).sum(a.reshape(-1, a.shape[-1]), axis=0)
+
+
+def _numel(a) -> int:
+    return math.prod(a.shape)
 
 
 # ---- LayerNorm -------------------------------------------------------------------------
@@ -95,9 +104,10 @@ def ln_fwd_reference(x, case):
     g_eff = ref.effective_weight(x["gamma"], case["zero_centered_gamma"])
     y, mean, rs = ref.layernorm_fwd(x["x"], x["gamma"], x["beta"], eps=case["eps"],
                                     zero_centered_gamma=case["zero_centered_gamma"])
+    xp = namespace(x["x"])
     hidden = x["x"].shape[-1]
-    mean_abs = np.abs(x["x"]).mean(axis=-1)
-    var = ((x["x"] - mean[..., None]) ** 2).mean(axis=-1)
+    mean_abs = xp.mean(xp.abs(x["x"]), axis=-1)
+    var = xp.mean((x["x"] - mean[..., None]) ** 2, axis=-1)
     xhat = (x["x"] - mean[..., None]) * rs[..., None]
     out_dt = dtype_of(case["dtype"])
 
@@ -115,10 +125,10 @@ def ln_fwd_reference(x, case):
         u, gh = _u(num), _reduction_gamma(hidden, num)
         e_mean = SAFETY * ((gh + u) * mean_abs)
         rel_rs = SAFETY * (0.5 * (e_mean**2 / (var + case["eps"]) + gh + 3 * u) + 2 * u)
-        e_xhat = e_mean[..., None] * rs[..., None] + np.abs(xhat) * (rel_rs[..., None] + 2 * u)
-        e_y = np.abs(g_eff) * e_xhat + SAFETY * 2 * u * (np.abs(xhat * g_eff) + np.abs(x["beta"]))
+        e_xhat = e_mean[..., None] * rs[..., None] + xp.abs(xhat) * (rel_rs[..., None] + 2 * u)
+        e_y = xp.abs(g_eff) * e_xhat + SAFETY * 2 * u * (xp.abs(xhat * g_eff) + xp.abs(x["beta"]))
         e_y = e_y + 8 * tol.underflow_error(tol.compute_dtype(num)) * rs[..., None] * (
-            1.0 + np.abs(g_eff))
+            1.0 + xp.abs(g_eff))
         return e_mean, rel_rs, e_y
 
     return {
@@ -132,25 +142,27 @@ def ln_fwd_reference(x, case):
 
 def _ln_bwd_parts(x, case, *, rms):
     """Reference grads and their condition magnitudes, shared by LayerNorm/RMSNorm backward."""
+    xp = namespace(x["x"])
     zc = case["zero_centered_gamma"]
     g_eff = ref.effective_weight(x["gamma"], zc)
     rs = x["rsigma"][..., None]
     xhat = (x["x"] - (0.0 if rms else x["mean"][..., None])) * rs
-    gdy = np.abs(x["dy"] * g_eff)
-    mag_dx = rs * (gdy + np.abs(xhat) * (gdy * np.abs(xhat)).mean(axis=-1, keepdims=True))
+    gdy = xp.abs(x["dy"] * g_eff)
+    mag_dx = rs * (gdy + xp.abs(xhat) * xp.mean(gdy * xp.abs(xhat), axis=-1, keepdims=True))
     if not rms:
-        mag_dx = mag_dx + rs * gdy.mean(axis=-1, keepdims=True)
-    return mag_dx, _rows(np.abs(x["dy"] * xhat)), _rows(np.abs(x["dy"]))
+        mag_dx = mag_dx + rs * xp.mean(gdy, axis=-1, keepdims=True)
+    return mag_dx, _rows(xp.abs(x["dy"] * xhat)), _rows(xp.abs(x["dy"]))
 
 
 def _bwd_underflow_scales(x, case, *, rms):
     """Multipliers applied after an underflowed product (g*dy, dy*xhat) in each gradient."""
-    g = np.abs(ref.effective_weight(x["gamma"], case["zero_centered_gamma"]))
+    xp = namespace(x["x"])
+    g = xp.abs(ref.effective_weight(x["gamma"], case["zero_centered_gamma"]))
     rs = x["rsigma"][..., None]
-    xhat = np.abs((x["x"] - (0.0 if rms else x["mean"][..., None])) * rs)
+    xhat = xp.abs((x["x"] - (0.0 if rms else x["mean"][..., None])) * rs)
     amp_dx = rs * (1.0 + g) * (1.0 + xhat)
-    amp_dg = _rows(1.0 + xhat) if xhat.size else 1.0
-    amp_db = float(xhat.size // max(xhat.shape[-1], 1)) + 1.0
+    amp_dg = _rows(1.0 + xhat) if _numel(xhat) else 1.0
+    amp_db = float(_numel(xhat) // max(xhat.shape[-1], 1)) + 1.0
     return amp_dx, amp_dg, amp_db
 
 
@@ -167,7 +179,7 @@ def ln_bwd_reference(x, case):
     dx, dgamma, dbeta = ref.layernorm_bwd(x["dy"], x["x"], x["mean"], x["rsigma"], x["gamma"],
                                           zero_centered_gamma=case["zero_centered_gamma"])
     mags = _ln_bwd_parts(x, case, rms=False)
-    hidden, rows = x["x"].shape[-1], x["x"].size // x["x"].shape[-1]
+    hidden, rows = x["x"].shape[-1], _numel(x["x"]) // x["x"].shape[-1]
     dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
     amps = _bwd_underflow_scales(x, case, rms=False)
     return _bwd_expected((dx, dgamma, dbeta), mags, amps, ("dx", "dgamma", "dbeta"),
@@ -192,8 +204,9 @@ def ln_bwd_call(inputs, case, backend):
 def rms_fwd_reference(x, case):
     y, rs = ref.rmsnorm_fwd(x["x"], x["gamma"], eps=case["eps"],
                             zero_centered_gamma=case["zero_centered_gamma"])
+    xp = namespace(x["x"])
     hidden = x["x"].shape[-1]
-    ms = (x["x"] ** 2).mean(axis=-1)
+    ms = xp.mean(x["x"] ** 2, axis=-1)
     out_dt = dtype_of(case["dtype"])
 
     def rel_rs(num):
@@ -201,9 +214,9 @@ def rms_fwd_reference(x, case):
         return SAFETY * (0.5 * (gh + u) * ms / (ms + case["eps"]) + 2 * u)
 
     def y_bound(num):
-        e_y = np.abs(y) * (rel_rs(num)[..., None] + SAFETY * 3 * _u(num))
+        e_y = xp.abs(y) * (rel_rs(num)[..., None] + SAFETY * 3 * _u(num))
         e_y = e_y + 8 * tol.underflow_error(tol.compute_dtype(num)) * rs[..., None] * (
-            1.0 + np.abs(ref.effective_weight(x["gamma"], case["zero_centered_gamma"])))
+            1.0 + xp.abs(ref.effective_weight(x["gamma"], case["zero_centered_gamma"])))
         return tol.with_output_rounding(y, e_y, out_dt)
 
     return {
@@ -217,7 +230,7 @@ def rms_bwd_reference(x, case):
     dx, dgamma = ref.rmsnorm_bwd(x["dy"], x["x"], x["rsigma"], x["gamma"],
                                  zero_centered_gamma=case["zero_centered_gamma"])
     mag_dx, mag_dg, _ = _ln_bwd_parts(x, case, rms=True)
-    hidden, rows = x["x"].shape[-1], x["x"].size // x["x"].shape[-1]
+    hidden, rows = x["x"].shape[-1], _numel(x["x"]) // x["x"].shape[-1]
     dt, wdt = dtype_of(case["dtype"]), dtype_of(case["weight_dtype"])
     amps = _bwd_underflow_scales(x, case, rms=True)[:2]
     return _bwd_expected((dx, dgamma), (mag_dx, mag_dg), amps, ("dx", "dgamma"), (dt, wdt),
@@ -261,5 +274,5 @@ for _name, _rms, _bwd, _ref, _call in (
         return cases(dtype, size, rms=_rms, bwd=_bwd)
 
     register(OpSpec(name=_name, family="norms", cases=_cases, make_inputs=_make, call=_call,
-                    reference=_ref,
+                    reference=_ref, device_reference=True,
                     smoke_cases=tuple(dict(c, offset=0.0) if not _rms else c for c in _SMOKE)))
