@@ -95,11 +95,15 @@ def main(argv=None) -> int:
     p.add_argument("--cases", type=int, default=100)
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--top", type=int, default=0)
+    p.add_argument("--device-reference-min", type=int,
+                   help="override runner.DEVICE_REFERENCE_MIN_ELEMENTS (0: always on the device)")
     p.add_argument("--targeted", action="store_true",
                    help="draw as the fuzzer does (run each case, target the worst ratio)")
     args = p.parse_args(argv)
-    from tealite_verify import profiles
+    from tealite_verify import profiles, runner
     profiles.load("local")
+    if args.device_reference_min is not None:
+        runner.DEVICE_REFERENCE_MIN_ELEMENTS = args.device_reference_min
     rows = [profile_op(op, args) for op in args.ops]
     print(f"run_case split, ms per case ({args.size} shapes, {args.device}, "
           f"backends {args.backends}); harness share = (inputs + compare + untimed) / total")

@@ -132,6 +132,16 @@ def _reference_view(inputs: dict, device: str | None = None) -> dict:
             for k, v in inputs.items()}
 
 
+# A device_reference spec's case moves wholesale to the GPU (reference, bounds, comparison)
+# from this many elements in its largest input: below it the few dozen kernel launches of a
+# bound cost more than numpy on the host (H100, see docs/fuzzing.md).
+DEVICE_REFERENCE_MIN_ELEMENTS = 1 << 16
+
+
+def _largest(inputs: dict) -> int:
+    return max((v.numel() for v in inputs.values() if isinstance(v, torch.Tensor)), default=0)
+
+
 def _synchronize(device: str) -> None:
     """Wait for queued kernels on ``device`` (no-op off CUDA)."""
     if str(device).startswith("cuda") and torch.cuda.is_available():
@@ -208,9 +218,11 @@ def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
     ran = [o for o in outcomes.values() if o.status == "ok"]
     if ran:
         ref_device = reference_device.for_case(device)
+        whole = ref_device is not None and spec.device_reference and \
+            _largest(inputs) >= DEVICE_REFERENCE_MIN_ELEMENTS
         with reference_device.reference_device(ref_device):
             t = time.perf_counter()
-            view = _reference_view(inputs, ref_device if spec.device_reference else None)
+            view = _reference_view(inputs, ref_device if whole else None)
             expected = spec.reference(view, case)
             timings["reference"] = time.perf_counter() - t
             t = time.perf_counter()

@@ -88,7 +88,10 @@ def gamma(n, u: float):
     nu = np.asarray(n, dtype=np.float64) * u
     # n*u >= 1: the a-priori bound is vacuous (a bf16 sum of 256+ terms can lose every bit).
     with np.errstate(divide="ignore"):
-        return np.where(nu < 1, nu / np.where(nu < 1, 1 - nu, 1.0), np.inf)
+        g = np.where(nu < 1, nu / np.where(nu < 1, 1 - nu, 1.0), np.inf)
+    # A scalar n gives a Python float: a 0-d numpy array times a torch tensor (a bound on the
+    # reference device) would try to turn the tensor into numpy.
+    return float(g) if g.ndim == 0 else g
 
 
 def ulp(dtype, value) -> np.ndarray:

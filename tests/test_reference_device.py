@@ -575,6 +575,7 @@ def test_runner_verdicts_unchanged_with_device_references(op, monkeypatch):
     moved = _record_moves(monkeypatch)
     on_device = _record_device_compares(monkeypatch)
     monkeypatch.setattr(_device, "for_case", lambda device: "cpu")
+    monkeypatch.setattr(runner, "DEVICE_REFERENCE_MIN_ELEMENTS", 0)  # any size
     routed = [runner.run_case(spec, c, backends=["torch"], device="cpu").verdict
               for c in spec.smoke_cases]
     assert routed == plain and "pass" in plain, (plain, routed)
@@ -617,6 +618,7 @@ def test_gpu_norm_references_agree_with_numpy(rms, zc):
 def test_cuda_norm_act_cases_use_gpu_references(op, monkeypatch):
     seen = _record_moves(monkeypatch)
     on_device = _record_device_compares(monkeypatch)
+    monkeypatch.setattr(runner, "DEVICE_REFERENCE_MIN_ELEMENTS", 0)  # smoke cases are small
     spec = get_spec(op)
     for case in spec.smoke_cases:
         rep = runner.run_case(spec, case, backends=["torch"], device="cuda")
@@ -642,8 +644,23 @@ def test_device_comparison_reaches_the_numpy_verdicts_on_drawn_cases(op, monkeyp
     plain = [runner.run_case(spec, c, backends=["torch"], device="cpu") for c in cases]
     on_device = _record_device_compares(monkeypatch)
     monkeypatch.setattr(_device, "for_case", lambda device: "cpu")
+    monkeypatch.setattr(runner, "DEVICE_REFERENCE_MIN_ELEMENTS", 0)  # any size
+    # Every value and bound must stay a tensor: a numpy scalar or array mixed in converts a
+    # CPU tensor silently (numpy calls Tensor.__array__) but fails on a GPU; make it fail here.
+    def no_implicit_numpy(self, *args, **kwargs):
+        raise TypeError("a tensor on the reference device was turned into numpy implicitly")
+
+    monkeypatch.setattr(torch.Tensor, "__array__", no_implicit_numpy)
+    from tealite_verify import tolerance
+    real, kinds = tolerance.compare_bounded, set()
+
+    def typed(actual, expected, tol, out_dtype, **kw):
+        kinds.add((type(expected).__name__, type(tol).__name__))
+        return real(actual, expected, tol, out_dtype, **kw)
+
+    monkeypatch.setattr(tolerance, "compare_bounded", typed)
     routed = [runner.run_case(spec, c, backends=["torch"], device="cpu") for c in cases]
-    assert on_device
+    assert on_device and kinds == {("Tensor", "Tensor")}, kinds
     for c, p, r in zip(cases, plain, routed):
         assert r.verdict == p.verdict, (c, p.describe(), r.describe())
         for cp, cr in zip(p.comparisons, r.comparisons):
@@ -667,6 +684,23 @@ def test_device_comparison_catches_a_wrong_backend(monkeypatch):
     wrong = dataclasses.replace(spec, call=off_by_ulps)
     plain = runner.run_case(wrong, case, backends=["torch"], device="cpu")
     monkeypatch.setattr(_device, "for_case", lambda device: "cpu")
+    monkeypatch.setattr(runner, "DEVICE_REFERENCE_MIN_ELEMENTS", 0)  # any size
     routed = runner.run_case(wrong, case, backends=["torch"], device="cpu")
     assert plain.verdict == routed.verdict == "fail"
     assert routed.comparisons[0].metrics.mismatches == plain.comparisons[0].metrics.mismatches
+
+
+def test_small_cases_keep_numpy_bounds_and_large_ones_move(monkeypatch):
+    """Below runner.DEVICE_REFERENCE_MIN_ELEMENTS (largest input) a device_reference case
+    still computes its bounds with numpy on the host (only the reference products move);
+    from it on, everything runs on the device."""
+    spec = get_spec("act_fwd")
+    on_device = _record_device_compares(monkeypatch)
+    monkeypatch.setattr(_device, "for_case", lambda device: "cpu")
+    small = dict(spec.smoke_cases[0], shape=[4, 64])
+    monkeypatch.setattr(runner, "DEVICE_REFERENCE_MIN_ELEMENTS", 257)
+    assert runner.run_case(spec, small, backends=["torch"]).verdict == "pass"
+    assert not on_device
+    monkeypatch.setattr(runner, "DEVICE_REFERENCE_MIN_ELEMENTS", 256)
+    assert runner.run_case(spec, small, backends=["torch"]).verdict == "pass"
+    assert on_device == ["cpu"]
