@@ -399,9 +399,10 @@ def aligned_magnitude(x, dtype) -> np.ndarray:
     sum are relative to 2^emin, not to the product's true size (exact 2.2357557e-07 came out
     2.2357472e-07, 30 fp32 ulps).  Twice the smallest normal bounds 2^emin times any
     significand below 2."""
-    ax = np.abs(np.asarray(x, dtype=np.float64))
+    xp = namespace(x)
+    ax = xp.abs(xp.asarray(x))
     floor = 2.0 * float(torch.finfo(dtype).tiny)
-    return np.where(ax != 0, np.maximum(ax, floor), ax)
+    return xp.where(ax != 0, xp.maximum(ax, floor), ax)
 
 
 def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:
@@ -429,7 +430,7 @@ def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:
     err = coef * p_abs + eta
     rounded_to = numerics.get("accumulator_rounded_to")
     if rounded_to is not None:
-        err = err + 0.5 * ulp(rounded_to, np.abs(p) + err)
+        err = err + 0.5 * ulp(rounded_to, namespace(p).abs(p) + err)
     return err
 
 
@@ -440,17 +441,18 @@ def gemm_tolerances(p_abs, p, pre, k: int, out_dtype, numerics, *, alpha: float,
     ``epilogue_abs`` = |beta C| + |bias| (broadcast), ``pre`` the exact pre-activation and
     ``gelu_out`` the exact GELU output (None without GELU).
     """
+    xp = namespace(p_abs, p, pre)  # numpy, or torch on the reference device
     u_c = unit_roundoff(compute_dtype(numerics))
     e_p = gemm_error(p_abs, p, k, numerics)
     if numerics.get("epilogue_in_accumulator") and k > 0:
         # The epilogue term rides through all K accumulations (Higham: gamma_K of it).
         u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))
         e_p = e_p + gamma(k, u_acc) * epilogue_abs
-    e_pre = abs(alpha) * e_p + 3 * u_c * (abs(alpha) * (np.abs(p) + e_p) + epilogue_abs)
-    tol = {"pre": e_pre + 0.5 * ulp(out_dtype, np.abs(pre) + e_pre)}
+    e_pre = abs(alpha) * e_p + 3 * u_c * (abs(alpha) * (xp.abs(p) + e_p) + epilogue_abs)
+    tol = {"pre": e_pre + 0.5 * ulp(out_dtype, xp.abs(pre) + e_pre)}
     if gelu_out is None:
         tol["out"] = tol["pre"]
     else:
-        e_y = GELU_LIPSCHITZ * e_pre + 8 * u_c * (np.abs(pre) + e_pre)
-        tol["out"] = e_y + 0.5 * ulp(out_dtype, np.abs(gelu_out) + e_y)
+        e_y = GELU_LIPSCHITZ * e_pre + 8 * u_c * (xp.abs(pre) + e_pre)
+        tol["out"] = e_y + 0.5 * ulp(out_dtype, xp.abs(gelu_out) + e_y)
     return tol

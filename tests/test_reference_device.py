@@ -631,7 +631,10 @@ def test_cuda_norm_act_cases_use_gpu_references(op, monkeypatch):
 
 # ---- specs whose reference, bounds and comparison run on the device ----------------------
 
-@pytest.mark.parametrize("op", [n for n in _NORM_ACT_OPS if get_spec(n).device_reference])
+_DEVICE_REFERENCE_OPS = [n for n in _NORM_ACT_OPS + ["gemm"] if get_spec(n).device_reference]
+
+
+@pytest.mark.parametrize("op", _DEVICE_REFERENCE_OPS)
 def test_device_comparison_reaches_the_numpy_verdicts_on_drawn_cases(op, monkeypatch):
     """Drawn cases (hostile distributions, specials, empty dims) judged with the reference,
     its bounds and the comparison in torch float64 (here on the CPU) against the numpy path:
@@ -669,17 +672,24 @@ def test_device_comparison_reaches_the_numpy_verdicts_on_drawn_cases(op, monkeyp
                                                          abs=1e-12), c
 
 
-def test_device_comparison_catches_a_wrong_backend(monkeypatch):
-    """A backend one output ulp off (bfloat16 silu) fails through the device path too: the
-    comparison leaves the device for the general rules and reports the same Metrics."""
-    spec = get_spec("act_fwd")
-    case = {"kind": "silu", "shape": [9, 64], "dtype": "bfloat16",
-            "dist": {"kind": "normal", "scale": 2.0}, "seed": 3}
+_WRONG_CASES = {
+    "act_fwd": {"kind": "silu", "shape": [9, 64], "dtype": "bfloat16",
+                "dist": {"kind": "normal", "scale": 2.0}, "seed": 3},
+    "gemm": dict(get_spec("gemm").smoke_cases[0]),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_WRONG_CASES))
+def test_device_comparison_catches_a_wrong_backend(op, monkeypatch):
+    """A backend a few output ulps off (bfloat16) fails through the device path too: the
+    comparison leaves the device for the general rules and reports the same mismatches."""
+    spec, case = get_spec(op), _WRONG_CASES[op]
     real_call = spec.call
 
     def off_by_ulps(inputs, c, backend):
-        y = real_call(inputs, c, backend)["y"]
-        return {"y": (y.float() * (1 + 2.0**-6)).to(y.dtype)}
+        out = real_call(inputs, c, backend)
+        name = next(iter(out))
+        return dict(out, **{name: (out[name].float() * (1 + 2.0**-6)).to(out[name].dtype)})
 
     wrong = dataclasses.replace(spec, call=off_by_ulps)
     plain = runner.run_case(wrong, case, backends=["torch"], device="cpu")
@@ -687,7 +697,8 @@ def test_device_comparison_catches_a_wrong_backend(monkeypatch):
     monkeypatch.setattr(runner, "DEVICE_REFERENCE_MIN_ELEMENTS", 0)  # any size
     routed = runner.run_case(wrong, case, backends=["torch"], device="cpu")
     assert plain.verdict == routed.verdict == "fail"
-    assert routed.comparisons[0].metrics.mismatches == plain.comparisons[0].metrics.mismatches
+    assert [c.metrics.mismatches for c in routed.comparisons] == \
+        [c.metrics.mismatches for c in plain.comparisons]
 
 
 def test_small_cases_keep_numpy_bounds_and_large_ones_move(monkeypatch):

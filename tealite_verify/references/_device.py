@@ -61,7 +61,11 @@ def for_case(device: str) -> str | None:
 
 
 def matmul_f64(x, y) -> np.ndarray:
-    """``x @ y`` in float64, on the current reference device; numpy in, numpy out."""
+    """``x @ y`` in float64, on the current reference device; numpy in, numpy out (tensors
+    in, for a reference already on the device: a tensor there)."""
+    if _is_tensor(x) or _is_tensor(y):
+        xp = namespace(x, y)
+        return xp.asarray(x) @ xp.asarray(y)
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     device = current()

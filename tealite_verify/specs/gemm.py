@@ -1,13 +1,13 @@
 """Spec for ``tealite.gemm``: every layout, dtype, out dtype, bias / GELU / alpha / beta."""
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.gemm import LAYOUTS
 from tealite_verify import tolerance
 from tealite_verify.references import gemm as ref
+from tealite_verify.references._device import namespace
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
@@ -78,13 +78,14 @@ def reference(x, case):
     c, bias = x.get("out"), x.get("bias")
     out, pre = ref.gemm(a, b, layout=layout, alpha=alpha, beta=beta, c=c, bias=bias,
                         gelu_epilogue=case["gelu"])
+    xp = namespace(a)  # numpy, or torch float64 on the device (device_reference)
     p = ref.product(a, b, layout)
-    p_abs = ref.product(np.abs(a), np.abs(b), layout)
-    epilogue_abs = np.zeros_like(p)
+    p_abs = ref.product(xp.abs(a), xp.abs(b), layout)
+    epilogue_abs = xp.zeros_like(p)
     if c is not None:
-        epilogue_abs = epilogue_abs + abs(beta) * np.abs(c)
+        epilogue_abs = epilogue_abs + abs(beta) * xp.abs(c)
     if bias is not None:
-        epilogue_abs = epilogue_abs + np.abs(bias)[None, :]
+        epilogue_abs = epilogue_abs + xp.abs(bias)[None, :]
     out_dt = dtype_of(case["out_dtype"])
 
     def bounds(numerics):
@@ -113,7 +114,7 @@ def make_case(layout, dtype, m, n, k, **kw):
 
 SPEC = register(OpSpec(
     name="gemm", family="gemm", cases=cases, make_inputs=make_inputs, call=call,
-    reference=reference,
+    reference=reference, device_reference=True,
     smoke_cases=(
         make_case("TN", "bfloat16", 29, 29, 541),
         make_case("NN", "float16", 71, 33, 71, bias=True, gelu=True),
