@@ -199,14 +199,14 @@ def _compare_pair(x, y, exp: Expected, num_x, num_y) -> tolerance.Metrics:
 
 def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
              device: str = "cpu", pairwise: bool = True,
-             inputs: Callable[[], dict] | None = None) -> CaseReport:
-    """``inputs``: returns ``spec.make_inputs(case, device)`` built elsewhere (the fuzzer
-    builds the next case's inputs on a thread while this one runs); "inputs" then times the
-    wait for them."""
+             prepared_inputs: Callable[[], dict] | None = None) -> CaseReport:
+    """``prepared_inputs``: returns ``spec.make_inputs(case, device)`` built elsewhere (the
+    fuzzer builds the next case's inputs on a thread while this one runs); "inputs" then
+    times the wait for them."""
     names = list(backends) if backends is not None else sorted(registry.backends())
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    inputs = inputs() if inputs is not None else spec.make_inputs(case, device)
+    inputs = prepared_inputs() if prepared_inputs else spec.make_inputs(case, device)
     _synchronize(device)
     timings["inputs"] = time.perf_counter() - t
     outcomes: dict[str, Outcome] = {}

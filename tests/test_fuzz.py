@@ -126,7 +126,7 @@ def test_worker_envs_split_gpus_and_cpu_threads(monkeypatch):
 
 
 def test_run_case_on_inputs_built_on_a_thread_is_the_same_case():
-    """The fuzzer builds each next variant's inputs on a thread (runner.run_case(inputs=));
+    """The fuzzer builds each next variant's inputs on a thread (run_case(prepared_inputs=));
     the verdict must be the one run_case reaches building them itself, and a failure to
     build them is raised as make_inputs' own would be (the worker records it as a harness
     finding)."""
@@ -142,7 +142,7 @@ def test_run_case_on_inputs_built_on_a_thread_is_the_same_case():
             direct = run_case(spec, case, backends=["torch"])
             with ThreadPoolExecutor(1) as pool:
                 built = pool.submit(spec.make_inputs, case, "cpu")
-                ahead = run_case(spec, case, backends=["torch"], inputs=built.result)
+                ahead = run_case(spec, case, backends=["torch"], prepared_inputs=built.result)
             assert ahead.comparisons and ahead.verdict == direct.verdict == "pass"
             assert [c.metrics for c in ahead.comparisons] == \
                 [c.metrics for c in direct.comparisons]
@@ -152,4 +152,4 @@ def test_run_case_on_inputs_built_on_a_thread_is_the_same_case():
 
     with pytest.raises(ValueError, match="bogus"):
         run_case(get_spec("gemm"), get_spec("gemm").smoke_cases[0], backends=["torch"],
-                 inputs=broken)
+                 prepared_inputs=broken)

@@ -256,7 +256,7 @@ class Worker:
                 htarget(min(best[0], RATIO_CAP), label="max err/tol")
                 htarget(best[1], label="mismatched elements")
 
-        def run_one(case, inputs=None):
+        def run_one(case, prepared=None):
             limit = self.deadline + (self.shrink_grace if latest else 0.0)
             if time.time() > limit:
                 raise _OutOfTime()
@@ -265,7 +265,8 @@ class Worker:
             stage_times.clear()
             self.events.emit("case", op=op, case=case)
             try:
-                rep = run_case(spec, case, backends=names, device=self.device, inputs=inputs)
+                rep = run_case(spec, case, backends=names, device=self.device,
+                               prepared_inputs=prepared)
             except Exception as exc:  # the harness (inputs / reference / tiers) itself failed
                 from tealite_verify.fuzz.findings import new_finding
                 line = traceback.format_exception_only(type(exc), exc)[-1].strip()
