@@ -16,6 +16,22 @@ def ran(report):
     return outcome
 
 
+def seeded_variant_is_caught(run, functions: dict, entry: str, wrap, case, monkeypatch):
+    """AITER's ``entry`` passes ``case`` through ``run``; replaced in ``functions`` by
+    ``wrap(entry)`` (a seeded bug) it still runs, fails against the reference, and the torch
+    peer does not.  Returns the correct run's outcome."""
+    good = run(case)
+    outcome = ran(good)
+    assert good.verdict == "pass", good.describe()
+    monkeypatch.setitem(functions, entry, wrap(functions[entry]))
+    report = run(case)
+    assert report.outcomes[B].status == "ok", report.describe()
+    bad = [c for c in report.failures if c.lhs == B and c.rhs == "reference"]
+    assert bad, report.describe()
+    assert not [c for c in report.failures if c.lhs == "torch" and c.rhs == "reference"]
+    return outcome
+
+
 def mine_failed(report) -> bool:
     return any(B in (c.lhs, c.rhs) for c in report.failures)
 

@@ -41,3 +41,16 @@ def pytest_collection_modifyitems(session, config, items):
     first = [i for i in items if i.path.name == _REPLAY_MODULE]
     if first:
         items[:] = first + [i for i in items if i.path.name != _REPLAY_MODULE]
+
+
+# ---- where Triton kernels run in this session ------------------------------------------------
+@pytest.fixture(scope="module")
+def triton_device():
+    """"cpu" under Triton's interpreter (TRITON_INTERPRET=1, as in CI), else "cuda" on a GPU;
+    the test is skipped, with the reason, where neither is there."""
+    import torch
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1 (Triton's CPU interpreter)")

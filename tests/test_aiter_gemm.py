@@ -21,7 +21,7 @@ from tealite_verify import profiles
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 
-from _helpers_aiter import mine_failed, ran
+from _helpers_aiter import mine_failed, ran, seeded_variant_is_caught
 from tealite_verify.specs.gemm import make_case
 
 AT = registry.get_backend("aiter_triton")
@@ -182,16 +182,7 @@ SEEDED = {
 @pytest.mark.parametrize("name", list(SEEDED))
 def test_seeded_wrong_variant_is_caught_and_the_correct_one_passes(monkeypatch, name):
     wrap, case = SEEDED[name]
-    good = _run(case)
-    ran(good)
-    assert good.verdict == "pass", good.describe()
-    at = _kernels()
-    monkeypatch.setitem(at.functions, ENTRY, wrap(at.functions[ENTRY]))
-    report = _run(case)
-    assert report.outcomes["aiter_triton"].status == "ok", report.describe()
-    bad = [c for c in report.failures if c.lhs == "aiter_triton" and c.rhs == "reference"]
-    assert bad, report.describe()
-    assert not [c for c in report.failures if c.lhs == "torch" and c.rhs == "reference"]
+    seeded_variant_is_caught(_run, _kernels().functions, ENTRY, wrap, case, monkeypatch)
 
 
 # ---- the interpreter bugs behind the bf16 rejections ---------------------------------------------

@@ -88,12 +88,8 @@ def mxfp4_on_nvidia(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def device():
-    if INTERPRET:
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("AITER's kernels need a GPU or TRITON_INTERPRET=1 (Triton's CPU interpreter)")
+def device(triton_device):
+    return triton_device
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ from tealite import recipes as R
 from tealite.backends.aiter import _triton_loader as L
 
 REASON = L.why_unavailable()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_aiter = pytest.mark.skipif(REASON is not None, reason=f"AITER not available: {REASON}")
 
 
@@ -33,12 +32,8 @@ def at():
 
 
 @pytest.fixture(scope="module")
-def device():
-    if INTERPRET:
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("AITER's kernels need a GPU or TRITON_INTERPRET=1 (Triton's CPU interpreter)")
+def device(triton_device):
+    return triton_device
 
 
 def _randn(shape, device, seed, dtype=torch.float32, scale=1.0):

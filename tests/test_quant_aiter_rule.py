@@ -21,17 +21,11 @@ from _helpers_aiter import aiter_fp8_recipe, quant_case
 AITER = FP8ScaleRule.AMAX_OVER_FMAX
 SPEC = get_spec("quantize")
 F32 = np.float32
-INTERPRET = __import__("os").environ.get("TRITON_INTERPRET") == "1"
 
 
 @pytest.fixture(scope="module")
-def device():
-    """Where the triton backend runs: the CPU interpreter, or a GPU."""
-    if INTERPRET:
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("the triton backend needs a GPU or TRITON_INTERPRET=1")
+def device(triton_device):
+    return triton_device
 
 
 # ==== the fp32_div_ulps tiers of AITER's rule (no AITER needed) ===============================

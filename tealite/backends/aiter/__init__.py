@@ -189,6 +189,18 @@ def common_why_not(params: Mapping[str, Any], *entry_points: str) -> str | None:
     return why_missing(*entry_points)
 
 
+def rejecting(entry_point: str, reason: str):
+    """(check, numerics) for an entry point tealite registers only to reject, with ``reason``
+    (why its outputs or conventions cannot serve the op), after the shared reasons."""
+    def why_not(params) -> str | None:
+        return common_why_not(params, entry_point) or reason
+
+    def numerics(params) -> dict:
+        return {"entry_point": entry_point, "compute_dtype": torch.float32}
+
+    return why_not, numerics
+
+
 BACKEND = register_backend(Backend(
     name=NAME, probe=_probe, auto_dispatch=False,
     description="AITER on ROCm: CK/ASM/HIP ops (never run on AMD hardware yet; see "

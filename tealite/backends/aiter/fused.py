@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tealite.backends.aiter import BACKEND, common_why_not
+from tealite.backends.aiter import BACKEND, rejecting
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 
@@ -35,19 +35,9 @@ WHY = {
 }
 
 
-def _rejecting(entry_point: str):
-    def why_not(params) -> str | None:
-        return common_why_not(params, entry_point) or WHY[entry_point]
-
-    def numerics(params) -> dict:
-        return {"entry_point": entry_point, "compute_dtype": torch.float32}
-
-    return why_not, numerics
-
-
-_rms = _rejecting("rmsnorm2d_fwd_with_dynamicquant")
-_ln = _rejecting("layernorm2d_fwd_with_dynamicquant")
-_act = _rejecting("scaled_silu_and_mul")
+_rms, _ln, _act = (rejecting(e, WHY[e]) for e in (
+    "rmsnorm2d_fwd_with_dynamicquant", "layernorm2d_fwd_with_dynamicquant",
+    "scaled_silu_and_mul"))
 
 
 @BACKEND.implements("rmsnorm_fwd_quantize", dtypes=_FLOATS, check=_rms[0], numerics=_rms[1])

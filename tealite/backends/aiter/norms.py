@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tealite.backends.aiter import BACKEND, common_why_not
+from tealite.backends.aiter import BACKEND, rejecting
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 
@@ -27,18 +27,8 @@ NO_STATS = {
 }
 
 
-def _rejecting(entry_point: str):
-    def why_not(params) -> str | None:
-        return common_why_not(params, entry_point) or NO_STATS[entry_point]
-
-    def numerics(params) -> dict:
-        return {"entry_point": entry_point, "compute_dtype": torch.float32}
-
-    return why_not, numerics
-
-
-_rms_check, _rms_numerics = _rejecting("rmsnorm2d_fwd")
-_ln_check, _ln_numerics = _rejecting("layernorm2d_fwd")
+_rms_check, _rms_numerics = rejecting("rmsnorm2d_fwd", NO_STATS["rmsnorm2d_fwd"])
+_ln_check, _ln_numerics = rejecting("layernorm2d_fwd", NO_STATS["layernorm2d_fwd"])
 
 
 @BACKEND.implements("rmsnorm_fwd", dtypes=_FLOATS, check=_rms_check, numerics=_rms_numerics)
