@@ -298,8 +298,6 @@ def main(argv=None) -> int:
     _add_fuzz_parser(sub)
     gate_cli.add_parser(sub)
     args = p.parse_args(argv)
-    if args.cmd == "gate" and gate_cli.select_aiter(args):
-        return 2
     profiles.load()
     errors = registry.load_plugins()
     for err in errors:

@@ -1,12 +1,20 @@
 """The AITER gate end to end, with real AITER code (the installed amd-aiter, or
-``$TEALITE_AITER_PATH``), on the CPU through Triton's interpreter.
+``$TEALITE_AITER_PATH``), on the CPU through Triton's interpreter, one verdict class per
+patched copy of the installed AITER:
 
-* Proof: a copy of the installed AITER with one kernel's rounding constant changed fails the
-  gate; an unchanged copy passes it; a copy with a module moved fails it (vanished entry point).
-* The committed baseline (ci/baselines/) still describes the installed AITER: ``gate compare``
-  against it passes — the same check the CI workflow runs on a pin bump.
+* numerics changed: one kernel's rounding constant changed -> exit 1 (new failures, and the
+  observed contract field);
+* unchanged: an unchanged copy -> exit 0;
+* moved: a module moved to the later layout the loader knows -> exit 0, "moved", verified;
+* removed: the wrapper deleted -> exit 1, "removed";
+* adapter failure: a module that raises at import / one moved where the loader does not look
+  -> exit 2, "cannot be verified";
+* interpreter gap: a ``not`` on a tensor added to a kernel (the same values compiled) ->
+  exit 2, "cannot be verified", its results excused.
+* The committed baseline (ci/baselines/) still describes the installed AITER.
 
-Each gate run is a subprocess: one process holds one AITER copy (the loader's rule).
+The same classes on AITER's real tagged trees are in test_aiter_gate_history.py.  Each gate
+run is a subprocess: one process holds one AITER copy (the loader's rule).
 """
 from __future__ import annotations
 
@@ -54,17 +62,32 @@ def copies(tmp_path_factory):
     base = tmp_path_factory.mktemp("aiter-copies")
     clean = _copy_aiter(base / "clean")
     bad = _copy_aiter(base / "modified")
-    src = (bad / KERNEL).read_text()
-    assert src.count(ORIGINAL) == 1, "the kernel line this proof edits has changed upstream"
-    (bad / KERNEL).write_text(src.replace(ORIGINAL, MODIFIED))
+    _edit(bad / KERNEL, ORIGINAL, MODIFIED)
     out = base / "baseline.json"
-    r = _gate("capture", "--aiter", str(clean), "--op", "quantize", "--per-op", "4",
-              "--draws", "150", "--out", str(out), cwd=REPO)
+    r = _gate("capture", "--aiter", str(clean), "--op", "quantize", "--op", "gemm",
+              "--per-op", "4", "--draws", "150", "--out", str(out), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert any(c["entry_point"] == "dynamic_mxfp4_quant" and c["verdict"] == "pass"
-               for c in doc["cases"]), "the baseline must exercise the edited kernel"
+    for ep in ("dynamic_mxfp4_quant", "gemm_a16w16"):
+        assert any(c["entry_point"] == ep and c["verdict"] == "pass" for c in doc["cases"]), \
+            f"the baseline must exercise {ep}"
     return clean, bad, out
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    src = path.read_text()
+    assert src.count(old) == 1, f"the line this proof edits has changed upstream: {old!r}"
+    path.write_text(src.replace(old, new))
+
+
+def _compare(baseline: Path, tree: Path, tmp_path: Path):
+    js = tmp_path / "report.json"
+    r = _gate("compare", "--baseline", str(baseline), "--aiter", str(tree), "--json", str(js),
+              "--markdown", str(tmp_path / "report.md"), cwd=REPO)
+    assert js.exists(), r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads(js.read_text())
+    verdicts = {e["entry_point"]: e["verdict"] for e in report.get("entry_points", [])}
+    return r, report, verdicts
 
 
 def test_the_gate_fails_on_a_copy_with_a_changed_rounding_constant(copies, tmp_path):
@@ -85,25 +108,69 @@ def test_the_gate_fails_on_a_copy_with_a_changed_rounding_constant(copies, tmp_p
 
 def test_the_gate_passes_on_an_unchanged_copy(copies, tmp_path):
     clean, _, baseline = copies
-    r = _gate("compare", "--baseline", str(baseline), "--aiter", str(clean), "--json",
-              str(tmp_path / "report.json"), cwd=REPO)
+    r, report, verdicts = _compare(baseline, clean, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert json.loads((tmp_path / "report.json").read_text())["regressions"] == []
+    assert report["regressions"] == [] and report["harness_problems"] == []
+    assert set(verdicts.values()) == {"unchanged"}
 
 
-def test_the_gate_fails_when_a_module_moves(copies, tmp_path):
-    """A release that moves a module where this loader does not look (AITER moved its Triton
-    modules between versions): the entry point is reported missing, and the gate fails."""
+def test_a_module_moved_to_the_later_layout_is_moved_and_still_verified(copies, tmp_path):
+    """AITER v0.1.10 moved its GEMM modules to ops/triton/gemm/basic/: the loader's declared
+    candidates find the entry point there (the copy has no version, so every candidate is
+    tried), and its cases still pass."""
     _, _, baseline = copies
     moved = _copy_aiter(tmp_path / "moved")
-    src = moved / "aiter/ops/triton/gemm_a16w16.py"
-    src.rename(src.with_name("gemm_a16w16_renamed.py"))
-    r = _gate("compare", "--baseline", str(baseline), "--aiter", str(moved), "--json",
-              str(tmp_path / "report.json"), cwd=REPO)
+    triton_dir = moved / "aiter/ops/triton"
+    (triton_dir / "gemm/basic").mkdir(parents=True)
+    for pkg in ("gemm", "gemm/basic"):
+        (triton_dir / pkg / "__init__.py").write_text("")
+    (triton_dir / "gemm_a16w16.py").rename(triton_dir / "gemm/basic/gemm_a16w16.py")
+    r, report, verdicts = _compare(baseline, moved, tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert verdicts["gemm_a16w16"] == "moved"
+    loc = {e["entry_point"]: e["location"] for e in report["entry_points"]}["gemm_a16w16"]
+    assert loc.startswith("aiter.ops.triton.gemm.basic.gemm_a16w16")
+
+
+def test_a_removed_wrapper_is_an_aiter_regression(copies, tmp_path):
+    _, _, baseline = copies
+    gone = _copy_aiter(tmp_path / "removed")
+    _edit(gone / "aiter/ops/triton/gemm_a16w16.py", "def gemm_a16w16(", "def _retired_a16w16(")
+    r, report, verdicts = _compare(baseline, gone, tmp_path)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    regressions = json.loads((tmp_path / "report.json").read_text())["regressions"]
-    assert {"kind": "vanished", "where": "entry point gemm_a16w16"} in \
-        [{k: f[k] for k in ("kind", "where")} for f in regressions]
+    assert verdicts["gemm_a16w16"] == "removed"
+    assert {"removed"} <= {f["kind"] for f in report["regressions"]}
+
+
+@pytest.mark.parametrize("how", ["import-error", "moved-unknown"])
+def test_an_entry_point_the_harness_cannot_reach_exits_2(copies, tmp_path, how):
+    _, _, baseline = copies
+    broken = _copy_aiter(tmp_path / how)
+    module = broken / "aiter/ops/triton/gemm_a16w16.py"
+    if how == "import-error":
+        module.write_text("raise ImportError('needs a ROCm-only module')\n" + module.read_text())
+    else:  # a module name no candidate of the loader names
+        module.rename(module.with_name("gemm_a16w16_renamed.py"))
+    r, report, verdicts = _compare(baseline, broken, tmp_path)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert verdicts["gemm_a16w16"] == "cannot be verified"
+    assert how in {f["kind"] for f in report["harness_problems"]}
+    assert report["regressions"] == []
+
+
+def test_an_interpreter_gap_in_a_kernel_is_not_an_aiter_regression(copies, tmp_path):
+    """A ``not`` on a tensor (elementwise when compiled: values unchanged there) added to the
+    MXFP4 kernel: the gate finds it in the source and marks the entry points that reach it."""
+    _, _, baseline = copies
+    gap = _copy_aiter(tmp_path / "gap")
+    line = "e = (qx >> 23) & 0xFF"
+    _edit(gap / KERNEL, line, f"{line}\n    e = tl.where(not (e > 255), e, e)")
+    r, report, verdicts = _compare(baseline, gap, tmp_path)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert verdicts["dynamic_mxfp4_quant"] == "cannot be verified"
+    gaps = [f for f in report["harness_problems"] if f["kind"] == "interpreter-gap"]
+    assert gaps and "not (e > 255)" in gaps[0]["detail"]
+    assert report["regressions"] == []
 
 
 @pytest.mark.skipif(not BASELINE.exists(), reason=f"no committed baseline at {BASELINE}")

@@ -1,15 +1,22 @@
 """``python -m tealite_verify gate capture|compare`` (see :mod:`tealite_verify.gate`).
 
-Exit status of ``compare``: 0 the candidate passes, 1 it regressed, 2 bad usage / unreadable
-baseline.  ``--aiter PATH`` (a wheel, an unpacked wheel / source tree, or an ``aiter`` package
-directory) selects the AITER to load; it must be given before anything loads AITER, so the
-command sets ``$TEALITE_AITER_PATH`` first thing.
+Exit status of ``compare``: 0 the candidate passes, 1 AITER's numerics regressed (or an
+entry point the project calls was removed), 2 the harness could not load or drive (part of)
+the candidate, or bad input (a path that is not an AITER tree, a wheel that does not unpack,
+a baseline of another schema).  A report is written in every case (``--markdown`` /
+``--json``), never a bare traceback; the baseline is never written.
+
+``--aiter PATH`` (a wheel, an unpacked wheel / source tree such as ``ci/aiter_source.sh``
+exports, or an ``aiter`` package directory) selects the AITER to load; it must be given before
+anything loads AITER, so the command sets ``$TEALITE_AITER_PATH`` first thing.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import traceback
+import zipfile
 
 ENV_PATH = "TEALITE_AITER_PATH"
 
@@ -44,6 +51,10 @@ def add_parser(sub) -> None:
     m.add_argument("--markdown", help="write the Markdown report here (also printed)")
     m.add_argument("--json", help="write the JSON report here")
     m.add_argument("--candidate-out", help="also write the candidate run as a baseline file")
+    m.add_argument("--cross-check", metavar="RUN_JSON",
+                   help="the same baseline run in the other execution mode (a --candidate-out "
+                        "of an interpreted run beside a compiled one): cases whose verdicts "
+                        "differ are interpreter gaps")
 
 
 def _progress(rec: dict) -> None:
@@ -62,52 +73,119 @@ def _write(path: str, doc) -> None:
     os.replace(tmp, path)
 
 
-def select_aiter(args) -> int:
-    """Point the loader at ``--aiter`` before anything loads AITER; 2 on a bad path."""
+class GateInputError(Exception):
+    """Bad input to the gate: the message names the argument and the constraint."""
+
+
+def select_aiter(args) -> None:
+    """Point the loader at ``--aiter`` before anything loads AITER (checked: an AITER tree or
+    a wheel that unpacks to one)."""
     aiter = getattr(args, "aiter", None)
-    if aiter:
-        if not os.path.exists(aiter):
-            print(f"--aiter: no such file or directory: {aiter}", file=sys.stderr)
-            return 2
-        os.environ[ENV_PATH] = os.path.abspath(aiter)
-    return 0
+    if not aiter:
+        return
+    if not os.path.exists(aiter):
+        raise GateInputError(f"--aiter: no such file or directory: {aiter}")
+    from tealite.backends.aiter import _triton_loader as loader
+    try:
+        loader.find_source(aiter)
+    except loader.AiterNotFound as exc:
+        raise GateInputError(f"--aiter: {exc}") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise GateInputError(f"--aiter: {aiter} is not a readable AITER wheel or tree "
+                             f"({type(exc).__name__}: {exc})") from None
+    os.environ[ENV_PATH] = os.path.abspath(aiter)
+
+
+def read_run(path: str, arg: str) -> dict:
+    """A baseline / run document, checked for this gate's schema."""
+    from tealite_verify.gate.capture import SCHEMA
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise GateInputError(f"{arg}: cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise GateInputError(f"{arg}: {path} has schema {got!r}, not {SCHEMA!r} (re-capture "
+                             f"it with this version: gate capture)")
+    for key in ("cases", "entries", "aiter", "settings"):
+        if key not in doc:
+            raise GateInputError(f"{arg}: {path} lacks {key!r}: not a gate run document")
+    return doc
+
+
+def _outputs(args) -> list[str]:
+    outs = [p for p in (getattr(args, "markdown", None), getattr(args, "json", None),
+                        getattr(args, "candidate_out", None)) if p]
+    base = getattr(args, "baseline", None)
+    for p in outs:
+        if base and os.path.abspath(p) == os.path.abspath(base):
+            raise GateInputError(f"output {p} is the baseline: the gate never writes over it")
+    return outs
+
+
+def _fail_report(args, stage: str, message: str, detail: str = "") -> int:
+    from tealite_verify.gate import report
+    print(f"gate {args.gate_cmd}: {message}", file=sys.stderr)
+    md = report.failure_markdown(stage, message, detail)
+    if getattr(args, "markdown", None):
+        _write(args.markdown, md)
+    if getattr(args, "json", None):
+        _write(args.json, {"passed": False, "exit_code": 2, "stage": stage,
+                           "error": message, "detail": detail[-4000:]})
+    return 2
 
 
 def run(args) -> int:
-    if select_aiter(args):
-        return 2
-    from tealite_verify.gate import capture, compare, report
-    if args.gate_cmd == "contracts":
-        from tealite_verify.gate import observe
-        print(report.contracts_markdown(observe.observe_all(args.device) if args.observe
-                                        else None))
-        return 0
-    if args.gate_cmd == "capture":
-        doc = capture.capture(ops=args.op, device=args.device, seed=args.seed,
-                              per_key=args.per_key, per_op=args.per_op, draws=args.draws,
-                              peers=tuple(args.peer or ("torch",)), progress=_progress)
-        print(file=sys.stderr)
-        _write(args.out, doc)
-        fails = sum(e["fail"] + e["error"] for e in doc["entries"].values())
-        print(f"gate capture: {len(doc['cases'])} cases, {len(doc['entries'])} keys, {fails} "
-              f"failing case(s) recorded as the baseline state; {report._aiter_line(doc)}; "
-              f"wrote {args.out}")
-        return 0
     try:
-        with open(args.baseline) as f:
-            base = json.load(f)
-    except (OSError, ValueError) as exc:
-        print(f"--baseline: cannot read {args.baseline}: {exc}", file=sys.stderr)
-        return 2
-    if base.get("schema") != capture.SCHEMA:
-        print(f"--baseline: schema {base.get('schema')!r} is not {capture.SCHEMA!r}",
-              file=sys.stderr)
-        return 2
+        _outputs(args)
+        select_aiter(args)
+        base = read_run(args.baseline, "--baseline") if args.gate_cmd == "compare" else None
+        cross = read_run(args.cross_check, "--cross-check") \
+            if getattr(args, "cross_check", None) else None
+    except GateInputError as exc:
+        return _fail_report(args, "input", str(exc))
+    try:
+        if args.gate_cmd == "contracts":
+            return _contracts(args)
+        if args.gate_cmd == "capture":
+            return _capture(args)
+        return _compare(args, base, cross)
+    except Exception as exc:  # the harness's own failure: a report, exit 2, no traceback
+        return _fail_report(args, args.gate_cmd, f"{type(exc).__name__}: {exc}",
+                            traceback.format_exc())
+
+
+def _contracts(args) -> int:
+    from tealite_verify.gate import observe, report
+    print(report.contracts_markdown(observe.observe_all(args.device) if args.observe
+                                    else None))
+    return 0
+
+
+def _capture(args) -> int:
+    from tealite_verify.gate import capture, report
+    doc = capture.capture(ops=args.op, device=args.device, seed=args.seed,
+                          per_key=args.per_key, per_op=args.per_op, draws=args.draws,
+                          peers=tuple(args.peer or ("torch",)), progress=_progress)
+    print(file=sys.stderr)
+    if not doc["aiter"].get("found"):
+        return _fail_report(args, "load", f"AITER did not load: {doc['aiter'].get('reason')}")
+    _write(args.out, doc)
+    fails = sum(e["fail"] + e["error"] for e in doc["entries"].values())
+    print(f"gate capture: {len(doc['cases'])} cases, {len(doc['entries'])} keys, {fails} "
+          f"failing case(s) recorded as the baseline state; {report._aiter_line(doc)}; "
+          f"wrote {args.out}")
+    return 0
+
+
+def _compare(args, base: dict, cross: dict | None) -> int:
+    from tealite_verify.gate import capture, compare, report
     cand = capture.rerun(base, device=args.device, progress=_progress)
     print(file=sys.stderr)
     factor = args.max_error_growth or base["settings"].get("max_error_growth",
                                                             compare.DEFAULT_FACTOR)
-    res = compare.compare(base, cand, factor=factor)
+    res = compare.compare(base, cand, factor=factor, cross=cross)
     md = report.markdown(base, cand, res)
     print(md)
     if args.markdown:
@@ -116,4 +194,4 @@ def run(args) -> int:
         _write(args.json, report.to_json(base, cand, res))
     if args.candidate_out:
         _write(args.candidate_out, cand)
-    return 0 if res.passed else 1
+    return res.exit_code
