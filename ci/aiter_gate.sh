@@ -3,10 +3,15 @@
 #
 #   ci/aiter_gate.sh compare [AITER_PATH]   re-run the committed baseline's cases against the
 #                                           installed AITER (the pin in ci/aiter-pin.txt, set up
-#                                           by dev.sh) or AITER_PATH (wheel / source tree);
-#                                           exit 1 on a regression
+#                                           by dev.sh) or AITER_PATH (wheel / source tree, e.g.
+#                                           ci/aiter_source.sh TAG DIR exports one)
 #   ci/aiter_gate.sh capture                re-capture the baseline for the installed AITER
 #                                           (commit it together with a reviewed pin bump)
+#
+# Exit status (compare): 0 pass; 1 AITER's numerics changed or an entry point the project calls
+# was removed; 2 the harness could not load or drive (part of) the candidate: a loader or
+# adapter problem, an interpreter gap, or bad input.  A report is written in every case.
+# docs/aiter.md ("Bumping the pin") is the procedure a reviewer follows.
 #
 # Reports go to $GATE_OUT (default gate-out/): report.md (the PR comment), report.json and
 # candidate.json (the candidate run, usable as the next baseline).

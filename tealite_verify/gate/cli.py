@@ -128,9 +128,14 @@ def _fail_report(args, stage: str, message: str, detail: str = "") -> int:
     from tealite_verify.gate import report
     print(f"gate {args.gate_cmd}: {message}", file=sys.stderr)
     md = report.failure_markdown(stage, message, detail)
-    if getattr(args, "markdown", None):
+    base = getattr(args, "baseline", None)
+
+    def writable(path):  # a report never lands on the baseline, even when asked to
+        return path and not (base and os.path.abspath(path) == os.path.abspath(base))
+
+    if writable(getattr(args, "markdown", None)):
         _write(args.markdown, md)
-    if getattr(args, "json", None):
+    if writable(getattr(args, "json", None)):
         _write(args.json, {"passed": False, "exit_code": 2, "stage": stage,
                            "error": message, "detail": detail[-4000:]})
     return 2

@@ -284,7 +284,7 @@ def _gaps(base: dict, cand: dict) -> tuple[list[Finding], set[str]]:
     return out, set(new)
 
 
-def _cross_gaps(cand: dict, cross: dict | None) -> tuple[list[Finding], set[int]]:
+def _cross_gaps(cand: dict, cross: dict | None) -> tuple[list[Finding], set]:
     """Cases whose verdict differs between this run and the same case run in the other
     execution mode: an interpreter gap observed (the compiled run is authoritative)."""
     if not cross:
@@ -300,7 +300,7 @@ def _cross_gaps(cand: dict, cross: dict | None) -> tuple[list[Finding], set[int]
         if o is None or rec["status"] != "ok" or o["status"] != "ok" or _ok(rec) == _ok(o):
             continue
         interp, comp = (rec, o) if modes[0] == "interpreter" else (o, rec)
-        indices.add(rec["index"])
+        indices.update((rec["index"], rec["key"]))
         out.append(Finding("interpreter-gap", f"case {rec['index']} [{rec['key']}]",
                            f"interpreted {interp['verdict']}, compiled {comp['verdict']} "
                            f"({'; '.join(interp['failures'])[:200]})", Severity.INFO,
@@ -308,12 +308,14 @@ def _cross_gaps(cand: dict, cross: dict | None) -> tuple[list[Finding], set[int]
     return out, indices
 
 
-def _excuse(findings: list[Finding], gapped: set[str], gap_cases: set[int]) -> list[Finding]:
-    """Results that an interpreter gap explains are not AITER regressions."""
+def _excuse(findings: list[Finding], gapped: set[str], gap_cases: set) -> list[Finding]:
+    """Results that an interpreter gap explains are not AITER regressions (``gap_cases``
+    holds the case indices and keys the cross-check saw differ)."""
     out = []
     for f in findings:
         hit = (f.entry_point in gapped) or (f.case_index is not None and
-                                             f.case_index in gap_cases)
+                                             f.case_index in gap_cases) or \
+            (f.kind in ("error-growth", "error-shrink") and f.where in gap_cases)
         if hit and f.kind in ("new-failure", "error-growth", "contract", "fixed",
                               "error-shrink"):
             out.append(Finding(f.kind, f.where, f"{f.detail} [excused: interpreter gap]",
