@@ -284,9 +284,11 @@ def _gaps(base: dict, cand: dict) -> tuple[list[Finding], set[str]]:
     return out, set(new)
 
 
-def _cross_gaps(cand: dict, cross: dict | None) -> tuple[list[Finding], set]:
-    """Cases whose verdict differs between this run and the same case run in the other
-    execution mode: an interpreter gap observed (the compiled run is authoritative)."""
+def _cross_gaps(cand: dict, cross: dict | None, diff) -> tuple[list[Finding], set]:
+    """Cases whose verdict, and observed contract fields whose value, differ between this run
+    and the same baseline run in the other execution mode: interpreter gaps observed (the
+    compiled run is authoritative).  Returns the findings and the case indices, keys and
+    ``observed backend:entry_point.field`` names they excuse."""
     if not cross:
         return [], set()
     modes = (cand["settings"].get("execution"), cross["settings"].get("execution"))
@@ -294,18 +296,24 @@ def _cross_gaps(cand: dict, cross: dict | None) -> tuple[list[Finding], set]:
         raise ValueError(f"--cross-check needs one interpreted and one compiled run, got "
                          f"{modes[0]} and {modes[1]}")
     other = {r["index"]: r for r in cross["cases"]}
-    out, indices = [], set()
+    out, excused = [], set()
     for rec in cand["cases"]:
         o = other.get(rec["index"])
         if o is None or rec["status"] != "ok" or o["status"] != "ok" or _ok(rec) == _ok(o):
             continue
         interp, comp = (rec, o) if modes[0] == "interpreter" else (o, rec)
-        indices.update((rec["index"], rec["key"]))
+        excused.update((rec["index"], rec["key"]))
         out.append(Finding("interpreter-gap", f"case {rec['index']} [{rec['key']}]",
                            f"interpreted {interp['verdict']}, compiled {comp['verdict']} "
                            f"({'; '.join(interp['failures'])[:200]})", Severity.INFO,
                            rec["entry_point"], rec["index"]))
-    return out, indices
+    for ch in diff(cand.get("observed", {}), cross.get("observed", {})):
+        name = f"observed {ch.where}.{ch.field}"
+        excused.add(name)
+        interp, comp = (ch.old, ch.new) if modes[0] == "interpreter" else (ch.new, ch.old)
+        out.append(Finding("interpreter-gap", name, f"interpreted {_short(interp)}, compiled "
+                           f"{_short(comp)}", Severity.INFO, _entry_of(ch.where)))
+    return out, excused
 
 
 def _excuse(findings: list[Finding], gapped: set[str], gap_cases: set) -> list[Finding]:
@@ -315,7 +323,7 @@ def _excuse(findings: list[Finding], gapped: set[str], gap_cases: set) -> list[F
     for f in findings:
         hit = (f.entry_point in gapped) or (f.case_index is not None and
                                              f.case_index in gap_cases) or \
-            (f.kind in ("error-growth", "error-shrink") and f.where in gap_cases)
+            (f.kind in ("error-growth", "error-shrink", "contract") and f.where in gap_cases)
         if hit and f.kind in ("new-failure", "error-growth", "contract", "fixed",
                               "error-shrink"):
             out.append(Finding(f.kind, f.where, f"{f.detail} [excused: interpreter gap]",
@@ -339,7 +347,7 @@ def compare(base: dict, cand: dict, *, factor: float = DEFAULT_FACTOR,
         res.findings = load
         return res
     gap_findings, gapped = _gaps(base, cand)
-    cross_findings, gap_cases = _cross_gaps(cand, cross)
+    cross_findings, gap_cases = _cross_gaps(cand, cross, diff_observations)
     judged = (_entry_points(base, cand) + _declared(base, cand) +
               _observed(base, cand, diff_observations) + _cases(base, cand) +
               _errors(base, cand, res))
