@@ -120,6 +120,7 @@ def test_a_module_moved_to_the_later_layout_is_moved_and_still_verified(copies, 
     tried), and its cases still pass."""
     _, _, baseline = copies
     moved = _copy_aiter(tmp_path / "moved")
+    (moved / "aiter/_version.py").unlink(missing_ok=True)  # version unknown: all candidates
     triton_dir = moved / "aiter/ops/triton"
     (triton_dir / "gemm/basic").mkdir(parents=True)
     for pkg in ("gemm", "gemm/basic"):
@@ -135,7 +136,8 @@ def test_a_module_moved_to_the_later_layout_is_moved_and_still_verified(copies, 
 def test_a_removed_wrapper_is_an_aiter_regression(copies, tmp_path):
     _, _, baseline = copies
     gone = _copy_aiter(tmp_path / "removed")
-    _edit(gone / "aiter/ops/triton/gemm_a16w16.py", "def gemm_a16w16(", "def _retired_a16w16(")
+    for module in ("gemm_a16w16.py", "gemm_a16w16_agnostic.py"):  # both define it
+        _edit(gone / "aiter/ops/triton" / module, "def gemm_a16w16(", "def _retired_a16w16(")
     r, report, verdicts = _compare(baseline, gone, tmp_path)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert verdicts["gemm_a16w16"] == "removed"
@@ -155,6 +157,8 @@ def test_an_entry_point_the_harness_cannot_reach_exits_2(copies, tmp_path, how):
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert verdicts["gemm_a16w16"] == "cannot be verified"
     assert how in {f["kind"] for f in report["harness_problems"]}
+    if how == "moved-unknown":  # the report names where the definition went
+        assert "gemm_a16w16_renamed" in json.dumps(report["harness_problems"])
     assert report["regressions"] == []
 
 

@@ -129,6 +129,50 @@ def test_a_wheel_is_unpacked_once(tmp_path, monkeypatch):
     assert L.find_source(wheel)[0] == root
 
 
+def test_dtypes_stand_in_follows_aiters_fp8_rule():
+    """aiter.dtypes is built, not imported (AITER's dtypes.py imports HIP modules from
+    v0.1.9.post1 on): fp8 is FNUZ on gfx942, OCP on gfx950, uint8 on an arch AITER does not
+    know; the other names the Triton modules read are torch's."""
+    from tealite.backends.aiter import _loader_stubs as S
+    assert S.dtypes_module("gfx942", "d").fp8 is torch.float8_e4m3fnuz
+    d = S.dtypes_module("gfx950", "d")
+    assert d.fp8 is torch.float8_e4m3fn and d.get_dtype_fp8() is d.fp8
+    assert (d.bf16, d.fp16, d.fp32, d.fp8_e8m0) == (torch.bfloat16, torch.float16,
+                                                     torch.float32, torch.float8_e8m0fnu)
+    assert d.d_dtypes["fp4x2"] is d.fp4x2
+    assert S.dtypes_module("gfx000", "d").fp8 is torch.uint8
+
+
+def test_torch_guard_stand_in_registers_no_custom_op():
+    """AITER's torch_compile_guard defines ops named aiter::aiter::name, which make torch's
+    exit-time cleanup raise; the stand-in returns the function itself."""
+    from tealite.backends.aiter import _loader_stubs as S
+    guard = S.torch_guard_module("g").torch_compile_guard
+    assert guard(gen_fake=None)(len) is len and guard()(max) is max
+
+
+def test_the_driver_answers_the_pinned_arch_only_while_aiter_imports():
+    pytest.importorskip("triton")
+    from triton.runtime import driver
+    from tealite.backends.aiter import _loader_stubs as S
+    saved = driver.__dict__.get("_active")
+    with S.pinned_driver("gfx942"):
+        assert driver.active.get_current_target().arch == "gfx942"
+        assert driver.active.get_current_target().backend == "hip"
+        with pytest.raises(RuntimeError, match="not queried"):
+            driver.active.get_current_device()
+    assert driver.__dict__.get("_active") is saved
+
+
+def test_a_dry_run_records_launches_instead_of_running_them():
+    k = _FakeKernel()
+    L._wrap_launch(k, L.AMD_ONLY_LAUNCH_OPTIONS, unchecked_assume=False)
+    with L.dry_run() as launches:
+        assert k.run(1, grid=(2,), BLOCK_SIZE_K=64, kpack=1) is None
+    assert not hasattr(k, "seen") and launches[0].kwargs == {"grid": (2,), "BLOCK_SIZE_K": 64}
+    assert k.run(grid=(1,)) == "launched"  # outside the block it runs again
+
+
 # ---- with AITER ----------------------------------------------------------------------------
 
 @needs_aiter
@@ -148,6 +192,18 @@ def test_load_accounts_for_every_entry_point(at):
         assert at.dropped_launch_options == L.AMD_ONLY_LAUNCH_OPTIONS
     assert at.version and at.version[0].isdigit()
     assert L.load() is at  # cached
+
+
+@needs_aiter
+def test_every_loaded_entry_point_says_where_it_was_found(at):
+    assert set(at.locations) == set(at.signatures) == set(at.functions)
+    for name, where in at.locations.items():
+        module, attr = where.rsplit(":", 1)
+        assert attr == name and getattr(sys.modules[module], name) is at.functions[name]
+        assert at.module_of(name) is sys.modules[module]
+    assert at.signatures["gemm_a16w16"].startswith("(x, w")
+    assert set(at.missing_kind) == set(at.missing) and not at.load_errors
+    assert set(at.missing_kind.values()) <= set(L.MISSING_KINDS)
 
 
 @needs_aiter

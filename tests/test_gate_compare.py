@@ -129,7 +129,7 @@ def test_a_changed_signature_is_reported_and_does_not_fail_alone(base):
 def test_a_case_the_adapter_now_refuses_or_that_raises_is_a_harness_problem(base):
     cand = _recase(copy.deepcopy(base), 0, status="unsupported")
     res = compare(base, cand)
-    assert _kinds(res, Severity.HARNESS) == ["adapter"] and res.exit_code == 2
+    assert _kinds(res, Severity.HARNESS) == ["refused"] and res.exit_code == 2
     cand = _recase(copy.deepcopy(base), 0, status="error")
     assert _kinds(compare(base, cand), Severity.HARNESS) == ["case-error"]
 

@@ -11,7 +11,8 @@ Every finding has a :class:`Severity` that decides the exit status (:mod:`verdic
 * ``HARNESS`` (exit 2, "our adapter needs work / the harness could not drive it"): the tree
   did not load, an entry point exists but did not import (``import-error``) or lives where the
   loader's candidates do not look (``moved-unknown``), a case raised (``case-error``) or was
-  refused by an adapter where the baseline ran it (``adapter``), or an entry point's kernels
+  refused by the backend where the baseline ran it (``refused``: an adapter rule, e.g. a
+  launch that would read out of bounds, or a platform rejection), or an entry point's kernels
   reach a construct the interpreter mis-executes that the baseline's did not
   (``interpreter-gap``): its results there say nothing about AITER;
 * ``INFO`` (never fails): ``moved`` (same entry point, new module, still verified there),
@@ -210,8 +211,9 @@ def _case_finding(old: dict, new: dict) -> Finding | None:
         return Finding("case-error", where, new.get("reason") or "raised", Severity.HARNESS,
                        ep, idx)
     if old["status"] == "ok" and new["status"] in ("unsupported", "unavailable"):
-        return Finding("adapter", where, f"{new['status']}: {new['reason']}",
-                       Severity.HARNESS, ep, idx)
+        return Finding("refused", where, f"the backend ran this case in the baseline and now "
+                       f"refuses it: {new['status']}: {new['reason']}", Severity.HARNESS, ep,
+                       idx)
     if _ok(old) and not _ok(new):
         detail = "; ".join(new["failures"]) or new.get("reason") or f"peers {new['peers']}"
         return Finding("new-failure", where, detail, Severity.REGRESSION, ep, idx)

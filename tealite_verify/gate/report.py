@@ -36,8 +36,10 @@ def _entry_table(verdicts) -> list[str]:
         where = v.location or "-"
         if v.old_location and v.location and v.old_location != v.location:
             where = f"{v.old_location} -> {v.location}"
-        rows.append([v.entry_point, v.status.value, v.cases, where, v.summary or "-"])
-    return _table(["entry point", "verdict", "cases", "location", "why"], rows) + [""]
+        rows.append([v.entry_point, v.status.value, v.cases, v.probed, where,
+                     v.summary or "-"])
+    return _table(["entry point", "verdict", "cases", "probed fields", "location", "why"],
+                  rows) + [""]
 
 
 def _exercised_table(base: dict, cand: dict) -> list[str]:

@@ -31,7 +31,7 @@ class EntryStatus(enum.Enum):
 
 
 _NUMERICS_KINDS = ("new-failure", "contract", "error-growth")
-_HARNESS_KINDS = ("import-error", "moved-unknown", "case-error", "adapter",
+_HARNESS_KINDS = ("import-error", "moved-unknown", "case-error", "refused",
                   "interpreter-gap", "load-failure")
 
 
@@ -43,15 +43,21 @@ class EntryVerdict:
     old_location: str | None
     cases: int
     findings: list[Finding] = field(default_factory=list)
+    probed: int = 0  # contract fields the probes observed
 
     @property
     def summary(self) -> str:
-        """The findings that decided the status, one short line."""
+        """The findings that decided the status, one short line; an entry point no case and
+        no probe reached says so (its verdict rests on loading alone)."""
         decisive = [f for f in self.findings if f.severity in (Severity.REGRESSION,
                                                                Severity.HARNESS)]
         shown = decisive or [f for f in self.findings if f.kind in ("moved", "signature",
                                                                     "interpreter-gap")]
-        return "; ".join(f"{f.kind}: {f.detail}" for f in shown[:3])[:400]
+        text = "; ".join(f"{f.kind}: {f.detail}" for f in shown[:3])[:400]
+        if not self.cases and not self.probed:
+            text = "; ".join(t for t in (text, "not exercised on this path: no case or probe "
+                                               "reaches it (it loads)") if t)
+        return text
 
 
 def _status(findings: list[Finding]) -> EntryStatus:
@@ -83,11 +89,16 @@ def entry_verdicts(base: dict, cand: dict, res: Result) -> list[EntryVerdict]:
     for rec in base["cases"]:
         if rec.get("entry_point"):
             cases[rec["entry_point"]] = cases.get(rec["entry_point"], 0) + 1
+    probed: dict[str, int] = {}
+    for key, obs in cand.get("observed", {}).items():
+        ep = key.split(":", 1)[-1]
+        probed[ep] = probed.get(ep, 0) + len(obs.get("fields", {}))
     out = []
     for name in names:
         new, old = entry_state(cand, name), entry_state(base, name)
         out.append(EntryVerdict(name, _status(by_ep[name]), new.get("location"),
-                                old.get("location"), cases.get(name, 0), by_ep[name]))
+                                old.get("location"), cases.get(name, 0), by_ep[name],
+                                probed.get(name, 0)))
     return out
 
 

@@ -1,47 +1,58 @@
-"""Load AITER's Triton kernels (``aiter/ops/triton``) without ROCm.
+"""Load AITER's Triton kernels (``aiter/ops/triton``) without ROCm, from any AITER release.
 
     from tealite.backends.aiter import _triton_loader
     at = _triton_loader.load()            # or load("/path/to/amd_aiter-...whl" | unpacked dir)
     y = at.rms_norm(x, w, 1e-6)
-    at.missing                            # {entry point: why it could not be loaded}
+    at.locations["rms_norm"]              # "aiter.ops.triton.normalization.rmsnorm:rms_norm"
+    at.missing, at.missing_kind           # {entry point: why}, {entry point: kind}
 
 Where AITER comes from (first that is given): the ``path`` argument, ``$TEALITE_AITER_PATH``,
 an installed ``aiter`` package.  A path may be an amd-aiter wheel (its ``aiter/`` tree is
-unpacked once under the temp dir), an unpacked wheel or source checkout (the directory holding
-``aiter/``), or the ``aiter`` package directory itself.  Nothing found raises
-:class:`AiterNotFound` naming what was tried; an entry point that does not import is listed in
-``missing`` with the error, never dropped silently.
+unpacked once under the temp dir), an unpacked wheel, a source export (``ci/aiter_source.sh``:
+the directory holding ``aiter/`` and ``AITER_SOURCE``) or the ``aiter`` package directory.  A
+path that is none of these raises :class:`AiterNotFound` naming it.  For an AITER tree,
+:func:`load` does not raise: what fails is recorded (``load_errors``, ``missing``).
 
-Why each step (amd-aiter 0.1.7.post2; measured facts in NUMERICS.md):
+Entry points are resolved through a declared candidate table
+(:mod:`tealite.backends.aiter._loader_candidates`): per entry point, the modules that define it
+and the AITER versions for which each does.  The version comes from the tree's
+``AITER_SOURCE`` (``version=``), else the wheel's METADATA, else ``aiter/_version.py``.  Each
+entry point that does not load is classified ``removed`` / ``moved-unknown`` /
+``import-error`` (``missing_kind``).
+
+Why each step (measured facts in NUMERICS.md; AITER versions named where behaviour changed):
 
 1. ``aiter/__init__.py`` loads HIP extensions and needs ROCm.  The loader registers a synthetic
    parent package ``aiter`` whose ``__path__`` is the source's ``aiter/`` directory, so the
    absolute imports inside ``aiter/ops/triton`` resolve to the files without running that
    init.  It stays in ``sys.modules`` (AITER modules import lazily through it), so a later
    ``import aiter`` in the same process gets the shell; one process holds one AITER copy.
-2. ``arch_info.get_arch()`` asks Triton's driver for a gfx name: on CUDA it gets an SM number
-   and the config lookups fail, on a CPU there is no driver.  Off ROCm it is pinned to gfx950
-   (OCP FP8 like NVIDIA, MX formats, the MI350 tuned configs) unless ``arch`` or
-   ``$TEALITE_AITER_ARCH`` says gfx942 (FNUZ FP8, which NVIDIA Triton cannot compile).
-3. ``device_info.get_num_sms()`` queries ``torch.cuda``; with no GPU (interpreter) it returns
+2. Under that parent, the ROCm-only modules AITER's Triton code imports are stand-ins built by
+   :mod:`tealite.backends.aiter._loader_stubs` (not AITER's files): ``aiter.dtypes`` /
+   ``aiter.utility.dtypes`` *built* from the arch AITER sees (fp8 = float8_e4m3fn on gfx950,
+   float8_e4m3fnuz on gfx942, fp8_e8m0, fp4x2, bf16, ...: AITER's real dtypes.py imports
+   ``aiter.ops.enum`` (HIP) from v0.1.9.post1 on), ``aiter.jit.utils.chip_info`` (rocminfo)
+   and ``aiter.jit.utils.torch_guard`` (from v0.1.9.post1 it registers every wrapper as a
+   torch custom op named ``aiter::aiter::name``, which makes torch's exit-time cleanup raise).
+   They are installed *before* ``aiter.ops.triton`` imports (v0.1.10's package init imports
+   modules that read ``aiter.dtypes.fp8`` at import).
+3. Arch: off ROCm AITER sees gfx950 (OCP FP8 like NVIDIA, MX formats, the MI350 tuned configs)
+   unless ``arch`` or ``$TEALITE_AITER_ARCH`` says gfx942 (FNUZ FP8, which NVIDIA Triton
+   cannot compile).  While AITER imports, Triton's active driver is a stand-in whose target
+   is ``hip`` / that arch (v0.1.14's ``arch_info`` caches the driver's arch at import, and
+   imports jax when there is no driver); afterwards ``arch_info.get_arch`` is replaced by the
+   pinned answer wherever AITER bound it (earlier versions ask the driver on every call).
+4. ``device_info.get_num_sms()`` queries ``torch.cuda``; with no GPU (interpreter) it returns
    :data:`INTERPRETER_NUM_SMS` (it only sizes persistent grids that loop over rows).
-4. AITER's tuned configs and some launch sites pass AMD-only launch options (``waves_per_eu``,
-   ``matrix_instr_nonkdim``, ``kpack``); Triton's CUDA backend raises KeyError on unknown
-   options.  Off ROCm every AITER kernel's ``run`` is wrapped to drop them.
-5. Under ``TRITON_INTERPRET=1``, AITER's FP8 quant kernels hint ``tl.assume(pid > 0)``, false
-   for program 0: a compiler merely trusts the hint, the interpreter asserts it.  While an
-   AITER kernel runs in the interpreter its assume check is a no-op (and ``notes`` says so).
-   Some AITER launch grids are lists (``lambda meta: [n]``), which the interpreter cannot
-   extend with a tuple: an interpreted AITER kernel's grid is passed as a tuple.
-6. ``aiter/__init__.py`` also binds ``aiter.dtypes`` (``from .utility import dtypes``), which
-   ``fused_fp8_quant.py`` and ``activation.py`` read at import (``aiter.dtypes.fp8``, their
-   default FP8 output dtype).  ``aiter/utility/dtypes.py`` picks that dtype from
-   ``aiter.jit.utils.chip_info.get_gfx()`` (rocminfo; gfx942 -> FNUZ, gfx950 -> OCP, any
-   other arch -> uint8).  Under the synthetic parent the loader registers a ``chip_info`` whose
-   ``get_gfx()`` returns the arch AITER's Triton code sees (the pinned one, or on ROCm the
-   native one), imports the real ``dtypes.py`` and binds it as ``aiter.dtypes``.
-7. With no GPU, ``_rmsnorm_backward`` allocates its dgamma workspace with ``device="cuda"``
+5. AITER's tuned configs and some launch sites pass AMD-only launch options; off ROCm every
+   AITER kernel's ``run`` is wrapped to drop them.  Under ``TRITON_INTERPRET=1`` the kernels'
+   ``tl.assume`` hints are not checked and list grids become tuples
+   (:mod:`tealite.backends.aiter._loader_launch`).
+6. With no GPU, ``_rmsnorm_backward`` allocates its dgamma workspace with ``device="cuda"``
    written out: in that module only, ``torch.empty(..., device="cuda")`` allocates on the CPU.
+
+On ROCm with the real package importable, none of the stand-ins is used: AITER's own init
+binds dtypes and its arch is the device's.
 """
 from __future__ import annotations
 
@@ -49,71 +60,61 @@ import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import os
-import re
-import shutil
 import sys
-import tempfile
 import types
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-ENV_PATH = "TEALITE_AITER_PATH"
+from tealite.backends.aiter import _loader_stubs as stubs
+from tealite.backends.aiter._loader_source import (  # noqa: F401  (re-exported)
+    ENV_PATH, PACKAGE, SOURCE_FILE, SYNTHETIC, AiterNotFound, _unpack_wheel, _version,
+    error_text, find_source, why_unavailable)
+from tealite.backends.aiter._loader_candidates import (CANDIDATES, ENTRY_POINTS, OPS, Attempt,
+                                                       Candidate, admitted, classify,
+                                                       module_file, version_key)
+from tealite.backends.aiter._loader_launch import (AMD_ONLY_LAUNCH_OPTIONS, Launch,  # noqa: F401
+                                                   dry_run, innermost_kernel,
+                                                   interpreter_has_assume_hook, wrap_all_kernels,
+                                                   wrap_launch)
+
+__all__ = ["AiterNotFound", "AiterTriton", "CANDIDATES", "Candidate", "ENTRY_POINTS",
+           "MISSING_KINDS", "dry_run", "find_source", "load", "why_unavailable"]
+
 ENV_ARCH = "TEALITE_AITER_ARCH"
 ARCHES = {"gfx942": "MI300X", "gfx950": "MI350X"}
 DEFAULT_ARCH = "gfx950"
-AMD_ONLY_LAUNCH_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 INTERPRETER_NUM_SMS = 4
-PACKAGE = "aiter"
-OPS = "aiter.ops.triton"
-_SYNTHETIC = "__tealite_synthetic_root__"
-
-# entry point -> candidate modules under aiter.ops.triton: the 0.1.7 flat layout first, then
-# the later one (AITER moved its Triton modules into gemm/basic, quant, normalization).
-ENTRY_POINTS: dict[str, tuple[str, ...]] = {
-    "gemm_a16w16": ("gemm_a16w16", "gemm.basic.gemm_a16w16"),
-    "gemm_a8w8": ("gemm_a8w8", "gemm.basic.gemm_a8w8"),
-    "gemm_a8w8_per_token_scale": ("gemm_a8w8_per_token_scale",
-                                  "gemm.basic.gemm_a8w8_per_token_scale"),
-    "gemm_a8w8_blockscale": ("gemm_a8w8_blockscale", "gemm.basic.gemm_a8w8_blockscale"),
-    "gemm_afp4wfp4": ("gemm_afp4wfp4", "gemm.basic.gemm_afp4wfp4"),
-    "dynamic_mxfp4_quant": ("quant", "quant.quant"),
-    "dynamic_per_tensor_quant_fp8_i8": ("quant", "quant.quant"),
-    "dynamic_per_token_quant_fp8_i8": ("quant", "quant.quant"),
-    "static_per_tensor_quant_fp8_i8": ("quant", "quant.quant"),
-    "gemm_afp4wfp4_preshuffled_scales": ("gemm_afp4wfp4", "gemm.basic.gemm_afp4wfp4"),
-    "gemm_afp4wfp4_preshuffled_weight_scales": ("gemm_afp4wfp4", "gemm.basic.gemm_afp4wfp4"),
-    "rms_norm": ("rmsnorm", "normalization.rmsnorm"),
-    "layer_norm": ("norm", "normalization.norm"),
-    "rmsnorm2d_fwd_with_dynamicquant": ("rmsnorm", "normalization.rmsnorm"),
-    "layernorm2d_fwd_with_dynamicquant": ("norm", "normalization.norm"),
-    # Private helpers behind the autograd Functions: the only way to AITER's backward kernels.
-    "_rmsnorm_forward": ("rmsnorm", "normalization.rmsnorm"),
-    "_rmsnorm_backward": ("rmsnorm", "normalization.rmsnorm"),
-    "_layernorm_forward": ("norm", "normalization.norm"),
-    "_layernorm_backward": ("norm", "normalization.norm"),
-    "fused_rms_fp8_per_tensor_static_quant": ("fused_fp8_quant", "quant.fused_fp8_quant"),
-    "fused_rms_mxfp4_quant": ("fused_mxfp4_quant", "quant.fused_mxfp4_quant"),
-    "act_mul_and_mxfp4_quant": ("activation", "activation.activation"),
-    "act_mul_and_fp8_group_quant": ("activation", "activation.activation"),
-}
+MISSING_KINDS = ("removed", "moved-unknown", "import-error")
+_SYNTHETIC = SYNTHETIC
 _ARCH_INFO = "utils._triton.arch_info"
 _DEVICE_INFO = "utils.device_info"
 _CHIP_INFO = f"{PACKAGE}.jit.utils.chip_info"
+_TORCH_GUARD = f"{PACKAGE}.jit.utils.torch_guard"
 _DTYPES = f"{PACKAGE}.utility.dtypes"
-# Entry points whose module allocates with device="cuda" written out (step 7).
+# Entry points whose module allocates with device="cuda" written out (step 6).
 _CUDA_BY_NAME = ("_rmsnorm_backward",)
 
-
-class AiterNotFound(ImportError):
-    """No AITER source could be found or used; the message says what was tried."""
+# Kept for callers and tests of the earlier single-module loader.
+_innermost_kernel = innermost_kernel
+_wrap_launch = wrap_launch
+_interpreter_has_assume_hook = interpreter_has_assume_hook
+_TorchAllocatingOnCpu = stubs.TorchAllocatingOnCpu
 
 
 @dataclass
 class AiterTriton:
-    """AITER's Triton entry points, loaded by :func:`load`; each is an attribute."""
+    """AITER's Triton entry points, loaded by :func:`load`; each is an attribute.
+
+    ``functions``: entry point -> callable.  ``locations``: entry point ->
+    ``"module:name"`` where it was found (the module's real name).  ``signatures``: entry
+    point -> ``str(inspect.signature(fn))`` ("" when not introspectable).  ``missing``: entry
+    point -> why it could not be loaded; ``missing_kind``: entry point -> one of
+    :data:`MISSING_KINDS`.  ``load_errors``: failures of the load itself (importing
+    ``aiter.ops.triton``, binding stand-ins, pinning the arch), as "what: Type: message".
+    """
 
     root: str
     found_via: str
@@ -122,7 +123,11 @@ class AiterTriton:
     arch_pinned: bool
     dropped_launch_options: tuple[str, ...]
     functions: dict[str, Callable] = field(default_factory=dict)
+    locations: dict[str, str] = field(default_factory=dict)
+    signatures: dict[str, str] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    missing_kind: dict[str, str] = field(default_factory=dict)
+    load_errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def __getattr__(self, name: str):
@@ -139,6 +144,10 @@ class AiterTriton:
     def has(self, name: str) -> bool:
         return name in self.functions
 
+    def module_of(self, name: str) -> types.ModuleType:
+        """The AITER module the entry point was loaded from (KeyError when not loaded)."""
+        return sys.modules[self.locations[name].rsplit(":", 1)[0]]
+
     @property
     def fp8_dtype(self):
         """The E4M3 torch dtype AITER's FP8 kernels expect on the pinned arch."""
@@ -147,9 +156,10 @@ class AiterTriton:
 
     def describe(self) -> str:
         pin = "pinned" if self.arch_pinned else "native"
+        errors = f", {len(self.load_errors)} load errors" if self.load_errors else ""
         return (f"amd-aiter {self.version or '(version unknown)'} from {self.root} "
                 f"({self.found_via}), arch {self.arch} ({pin}), {len(self.functions)} entry "
-                f"points, {len(self.missing)} missing")
+                f"points, {len(self.missing)} missing{errors}")
 
 
 _loaded: dict[tuple[str, str], AiterTriton] = {}
@@ -165,85 +175,7 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-# ---- finding the source --------------------------------------------------------------------
-
-def _unpack_wheel(wheel: Path) -> Path:
-    """Unpack the wheel's ``aiter/`` tree (and its METADATA) once; return the directory."""
-    st = wheel.stat()
-    dest = Path(tempfile.gettempdir()) / "tealite-aiter" / \
-        f"{wheel.stem}-{st.st_size}-{int(st.st_mtime)}"
-    if (dest / "aiter" / "ops" / "triton").is_dir():
-        return dest
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-    with zipfile.ZipFile(wheel) as zf:
-        members = [n for n in zf.namelist()
-                   if n.startswith("aiter/") or re.match(r"[^/]+\.dist-info/METADATA$", n)]
-        if not any(n.startswith("aiter/ops/triton/") for n in members):
-            raise AiterNotFound(f"{wheel}: the archive has no aiter/ops/triton")
-        zf.extractall(tmp, members)
-    try:
-        os.replace(tmp, dest)
-    except OSError:  # another process unpacked it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
-def _root_of(path: Path) -> Path:
-    if path.is_file() and zipfile.is_zipfile(path):
-        return _unpack_wheel(path)
-    if (path / "aiter" / "ops" / "triton").is_dir():
-        return path
-    if path.name == "aiter" and (path / "ops" / "triton").is_dir():
-        return path.parent
-    raise AiterNotFound(f"{path}: expected an amd-aiter wheel, a directory holding aiter/ops/"
-                        "triton (unpacked wheel, source checkout) or the aiter package dir")
-
-
-def find_source(path: str | os.PathLike | None = None) -> tuple[Path, str]:
-    """(directory holding ``aiter/``, how it was found); raises :class:`AiterNotFound`."""
-    if path is not None:
-        return _root_of(Path(path).expanduser().resolve()), "path argument"
-    env = os.environ.get(ENV_PATH)
-    if env:
-        return _root_of(Path(env).expanduser().resolve()), f"${ENV_PATH}"
-    shell = sys.modules.get(PACKAGE)
-    if shell is not None and getattr(shell, _SYNTHETIC, None):
-        return Path(getattr(shell, _SYNTHETIC)), "already loaded"
-    try:
-        spec = importlib.util.find_spec(PACKAGE)
-    except (ImportError, ValueError) as exc:
-        spec, why = None, f"{type(exc).__name__}: {exc}"
-    else:
-        why = "no importable aiter package"
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            if (Path(loc) / "ops" / "triton").is_dir():
-                return Path(loc).parent, "installed package"
-        why = f"installed aiter at {list(spec.submodule_search_locations)} has no ops/triton"
-    raise AiterNotFound(f"AITER not found: no path given, ${ENV_PATH} unset, {why} "
-                        "(pip install amd-aiter, or point $TEALITE_AITER_PATH at the wheel)")
-
-
-def why_unavailable(path: str | os.PathLike | None = None) -> str | None:
-    """None when :func:`find_source` finds AITER, else the reason (for skips)."""
-    try:
-        find_source(path)
-    except AiterNotFound as exc:
-        return str(exc)
-    return None
-
-
-def _version(root: Path) -> str | None:
-    for meta in sorted(root.glob("amd_aiter-*.dist-info/METADATA")):
-        m = re.search(r"^Version:\s*(\S+)", meta.read_text(errors="replace"), re.M)
-        if m:
-            return m.group(1)
-    vfile = root / "aiter" / "_version.py"
-    if vfile.is_file():
-        m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", vfile.read_text(errors="replace"))
-        if m:
-            return m.group(1)
-    return None
+_error = error_text
 
 
 # ---- importing without aiter/__init__.py ---------------------------------------------------
@@ -279,7 +211,7 @@ def _import_real_package_on_rocm(rocm: bool, how: str) -> str | None:
         importlib.import_module(PACKAGE)
     except Exception as exc:  # reported in notes; the Triton kernels may still load
         sys.modules.pop(PACKAGE, None)
-        return f"{type(exc).__name__}: {exc}"
+        return _error(exc)
     return None
 
 
@@ -300,6 +232,40 @@ def _rebind(original, replacement) -> None:
                 setattr(mod, name, replacement)
 
 
+def _native_arch() -> str:
+    """The device's arch as AITER's arch_info asks it (ROCm with the shell only)."""
+    try:
+        import triton
+        return str(triton.runtime.driver.active.get_current_target().arch)
+    except Exception:  # no driver: AITER's dtypes rule then falls back to uint8 FP8
+        return "unknown"
+
+
+def _cu_num() -> int:
+    """chip_info.get_cu_num's answer: the device's SM / CU count, or the interpreter's."""
+    import torch
+    if not torch.cuda.is_available():
+        return INTERPRETER_NUM_SMS
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def _install_stand_ins(arch: str) -> list[str]:
+    """Register the stand-ins of step 2 and bind ``aiter.dtypes``; returns the notes."""
+    dtypes = sys.modules.get(_DTYPES) or stubs.dtypes_module(arch, _DTYPES)
+    installed = stubs.install({
+        _CHIP_INFO: stubs.chip_info_module(arch, _CHIP_INFO, _cu_num),
+        _TORCH_GUARD: stubs.torch_guard_module(_TORCH_GUARD),
+        _DTYPES: dtypes,
+    })
+    sys.modules[PACKAGE].dtypes = dtypes
+    notes = [f"aiter.dtypes is tealite's stand-in built for {arch} (dtypes.fp8 = {dtypes.fp8}; "
+             "AITER's dtypes.py imports ROCm-only modules)"] if _DTYPES in installed else []
+    if _TORCH_GUARD in installed:
+        notes.append("torch_compile_guard is a no-op stand-in: AITER's wrappers are plain "
+                     "functions, not torch custom ops")
+    return notes
+
+
 def _pin_arch(arch: str) -> None:
     info = _import(_ARCH_INFO)
     original = info.get_arch
@@ -309,6 +275,8 @@ def _pin_arch(arch: str) -> None:
 
     get_arch.__doc__ = f"pinned to {arch} by tealite's AITER loader (not on ROCm)"
     info.get_arch = get_arch
+    if hasattr(info, "_CACHED_ARCH"):  # v0.1.14+: the arch cached at import
+        info._CACHED_ARCH = arch
     _rebind(original, get_arch)
 
 
@@ -323,126 +291,66 @@ def _stub_num_sms() -> None:
     _rebind(original, get_num_sms)
 
 
-def _bind_dtypes(arch: str) -> types.ModuleType:
-    """Import ``aiter/utility/dtypes.py`` with ``get_gfx() == arch`` and bind ``aiter.dtypes``
-    (what ``aiter/__init__.py`` does; its own ``chip_info`` needs rocminfo and jit helpers on
-    ``sys.path``)."""
-    if _DTYPES not in sys.modules:
-        chip = sys.modules.get(_CHIP_INFO)
-        if chip is None:
-            chip = types.ModuleType(_CHIP_INFO, f"tealite's stand-in for AITER's chip_info: "
-                                                f"get_gfx() is {arch} (AITER's Triton arch)")
-
-            def get_gfx() -> str:
-                return arch
-
-            chip.get_gfx = get_gfx
-            sys.modules[_CHIP_INFO] = chip
-    dtypes = importlib.import_module(_DTYPES)
-    sys.modules[PACKAGE].dtypes = dtypes
-    return dtypes
-
-
-class _TorchAllocatingOnCpu:
-    """``torch`` for a module that writes ``device="cuda"``: allocations land on the CPU."""
-
-    def __init__(self, torch_module):
-        self._torch = torch_module
-
-    def __getattr__(self, name):
-        return getattr(self._torch, name)
-
-    def empty(self, *args, **kwargs):
-        if str(kwargs.get("device", "")) == "cuda":
-            kwargs["device"] = "cpu"
-        return self._torch.empty(*args, **kwargs)
-
-
 def _allocate_on_cpu(result: AiterTriton) -> list[str]:
     """Patch the modules of :data:`_CUDA_BY_NAME` entry points; returns those patched."""
     import torch
     patched = []
     for name in _CUDA_BY_NAME:
-        fn = result.functions.get(name)
-        if fn is not None and fn.__globals__.get("torch") is torch:
-            fn.__globals__["torch"] = _TorchAllocatingOnCpu(torch)
+        namespace = getattr(result.functions.get(name), "__globals__", {})
+        if namespace.get("torch") is torch:
+            namespace["torch"] = stubs.TorchAllocatingOnCpu(torch)
             patched.append(name)
     return patched
 
 
-# ---- launch-time patches -------------------------------------------------------------------
+# ---- entry points ---------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _interpreter_assume_unchecked():
-    from triton.runtime import interpreter
-    builder = interpreter.interpreter_builder
-    saved = builder.__dict__.get("create_assume")
-    builder.create_assume = lambda condition: None
+def _signature(fn) -> str:
     try:
-        yield
-    finally:
-        if saved is None:
-            del builder.create_assume
-        else:
-            builder.create_assume = saved
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return ""
 
 
-def _innermost_kernel(obj):
-    from triton.runtime.jit import KernelInterface
-    while isinstance(getattr(obj, "fn", None), KernelInterface):
-        obj = obj.fn  # Heuristics / Autotuner wrap the JIT (or interpreted) function
-    return obj
-
-
-def _grid_as_tuple(grid):
-    """AITER writes some grids as lists (``lambda meta: [n]``); the GPU launcher indexes them,
-    the interpreter concatenates them with a tuple and raises TypeError."""
-    if callable(grid):
-        return lambda meta: _grid_as_tuple(grid(meta))
-    return tuple(grid) if isinstance(grid, list) else grid
-
-
-def _wrap_launch(kernel, drop: tuple[str, ...], unchecked_assume: bool, *,
-                 interpreted: bool = False) -> bool:
-    if getattr(kernel, "_tealite_launch_wrapped", False):
+def _absent(root: Path, candidate: Candidate, exc: BaseException) -> bool:
+    """The candidate module is simply not there (not a failure inside an existing module)."""
+    if module_file(root, candidate.module) is not None:
         return False
-    launch = kernel.run
-    # A kernel that declares one of these names as a parameter keeps it.
-    drop = tuple(name for name in drop if name not in (getattr(kernel, "arg_names", None) or ()))
-
-    def run(*args, **kwargs):
-        for name in drop:
-            kwargs.pop(name, None)
-        if interpreted and "grid" in kwargs:
-            kwargs["grid"] = _grid_as_tuple(kwargs["grid"])
-        if unchecked_assume:
-            with _interpreter_assume_unchecked():
-                return launch(*args, **kwargs)
-        return launch(*args, **kwargs)
-
-    kernel.run = run  # an instance attribute: kernel[grid](...) and Heuristics.run call it
-    kernel._tealite_launch_wrapped = True
-    return True
+    name = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    return name is not None and (candidate.qualified == name or
+                                 candidate.qualified.startswith(name + "."))
 
 
-def _is_interpreted(kernel) -> bool:
-    return type(kernel).__name__ == "InterpretedFunction"  # triton.jit under TRITON_INTERPRET
+def _try(root: Path, candidate: Candidate) -> tuple[Callable | None, types.ModuleType | None,
+                                                     Attempt]:
+    try:
+        module = _import(candidate.module)
+        fn = getattr(module, candidate.name, None)
+    except Exception as exc:  # classified below: absent module vs import error
+        return None, None, Attempt(candidate, _error(exc), _absent(root, candidate, exc))
+    absent = fn is None and module_file(root, candidate.module) is None
+    return fn, module, Attempt(candidate, None, absent)
 
 
-def _wrap_all_kernels(drop: tuple[str, ...]) -> tuple[int, int]:
-    """Wrap every AITER kernel's launch; returns (kernels wrapped, of them interpreted)."""
-    from triton.runtime.jit import KernelInterface
-    assume_hook = _interpreter_has_assume_hook()
-    wrapped = interpreted = 0
-    for mod in _aiter_modules():
-        for value in list(vars(mod).values()):
-            if isinstance(value, KernelInterface):
-                kernel = _innermost_kernel(value)
-                unchecked = assume_hook and _is_interpreted(kernel)
-                if _wrap_launch(kernel, drop, unchecked, interpreted=_is_interpreted(kernel)):
-                    wrapped += 1
-                    interpreted += unchecked
-    return wrapped, interpreted
+def _load_entry_points(result: AiterTriton, root: Path, ops_error: str | None) -> None:
+    for name in ENTRY_POINTS:
+        if ops_error is not None:  # every import would re-run the failing package init
+            result.missing[name] = f"{OPS} failed to import: {ops_error}"
+            result.missing_kind[name] = "import-error"
+            continue
+        tried, excluded = admitted(name, result.version)
+        attempts = []
+        for candidate in tried:
+            fn, module, attempt = _try(root, candidate)
+            if fn is not None:
+                result.functions[name] = fn
+                result.locations[name] = f"{module.__name__}:{name}"
+                result.signatures[name] = _signature(fn)
+                break
+            attempts.append(attempt)
+        else:
+            kind, why = classify(name, root, attempts, excluded, result.version)
+            result.missing[name], result.missing_kind[name] = why, kind
 
 
 # ---- the API -------------------------------------------------------------------------------
@@ -456,23 +364,59 @@ def _choose_arch(arch: str | None, rocm: bool) -> tuple[str, bool]:
     return arch or DEFAULT_ARCH, True
 
 
-def _load_entry_points(result: AiterTriton) -> None:
-    for name, candidates in ENTRY_POINTS.items():
-        errors = []
-        for rel in candidates:
-            try:
-                fn = getattr(_import(rel), name)
-            except Exception as exc:  # any failure is reported in `missing`, per candidate
-                errors.append(f"{OPS}.{rel}: {type(exc).__name__}: {exc}")
-                continue
-            result.functions[name] = fn
-            break
+def _import_ops(result: AiterTriton, pinned: bool) -> str | None:
+    """Import ``aiter.ops.triton`` and fix the arch; returns the import error, if any."""
+    try:
+        importlib.import_module(OPS)
+    except Exception as exc:  # recorded; every entry point is then an import error
+        why = _error(exc)
+        result.load_errors.append(f"importing {OPS}: {why}")
+        return why
+    try:
+        if pinned:
+            _pin_arch(result.arch)
+        else:  # ROCm: AITER asks the driver; record what it sees (FNUZ FP8 on gfx942)
+            result.arch = str(_import(_ARCH_INFO).get_arch())
+    except Exception as exc:  # the entry points may still load; the arch is the asked one
+        result.load_errors.append(f"{'pinning' if pinned else 'reading'} the arch in "
+                                  f"{OPS}.{_ARCH_INFO}: {_error(exc)}")
+    return None
+
+
+def _post_load(result: AiterTriton, shell: bool, rocm: bool) -> None:
+    """Steps 4-6: SM count, CPU allocations, launch wrappers (failures -> load_errors)."""
+    gpu = _has_gpu()
+    if not gpu:
+        try:
+            _stub_num_sms()
+        except Exception as exc:  # recorded, never raised
+            result.load_errors.append(f"stubbing {OPS}.{_DEVICE_INFO}.get_num_sms: "
+                                      f"{_error(exc)}")
         else:
-            result.missing[name] = "; ".join(errors)
+            result.notes.append(f"no GPU: get_num_sms() returns {INTERPRETER_NUM_SMS}")
+    if shell and not gpu:
+        for name in _allocate_on_cpu(result):
+            result.notes.append(f"no GPU: {name}'s device='cuda' allocations go to the CPU")
+    drop = () if rocm else AMD_ONLY_LAUNCH_OPTIONS
+    try:
+        wrapped, interpreted = wrap_all_kernels(_aiter_modules(), drop)
+    except Exception as exc:  # recorded, never raised
+        result.load_errors.append(f"wrapping kernel launches: {_error(exc)}")
+        return
+    result.dropped_launch_options = drop
+    if drop:
+        result.notes.append(f"AMD-only launch options {list(drop)} dropped at launch of "
+                            f"{wrapped} kernels")
+    if interpreted:
+        result.notes.append("interpreter: tl.assume is not checked inside AITER kernels "
+                            "(their FP8 quant kernels hint pid > 0, false for program 0)")
 
 
 def load(path: str | os.PathLike | None = None, *, arch: str | None = None) -> AiterTriton:
-    """Load AITER's Triton entry points (see the module docstring for what is patched)."""
+    """Load AITER's Triton entry points (see the module docstring for what is patched).
+
+    Raises :class:`AiterNotFound` only when ``path`` (or the environment) names no AITER tree;
+    RuntimeError when another AITER copy or arch is already loaded in this process."""
     root, how = find_source(path)
     rocm = _on_rocm()
     arch, pinned = _choose_arch(arch, rocm)
@@ -491,46 +435,21 @@ def load(path: str | os.PathLike | None = None, *, arch: str | None = None) -> A
                             "kernels without its init")
     if not shell:
         result.notes.append("the real aiter package is imported; its own init ran")
-    try:
-        importlib.import_module(OPS)
-        if pinned:
-            _pin_arch(arch)
-        else:  # ROCm: AITER asks the driver; record what it sees (FNUZ FP8 on gfx942)
-            result.arch = _import(_ARCH_INFO).get_arch()
-        if shell:
-            try:
-                fp8 = _bind_dtypes(result.arch).fp8
-            except Exception as exc:  # modules that read aiter.dtypes then land in `missing`
-                result.notes.append(f"aiter.dtypes not bound: {type(exc).__name__}: {exc}")
-            else:
-                result.notes.append(f"aiter.dtypes bound with get_gfx() = {result.arch} "
-                                    f"(dtypes.fp8 = {fp8})")
-        if not _has_gpu():
-            _stub_num_sms()
-            result.notes.append(f"no GPU: get_num_sms() returns {INTERPRETER_NUM_SMS}")
-    except Exception as exc:
-        raise AiterNotFound(f"{root}: importing {OPS} failed: {type(exc).__name__}: {exc}") \
-            from exc
-    _load_entry_points(result)
-    if shell and not _has_gpu():
-        for name in _allocate_on_cpu(result):
-            result.notes.append(f"no GPU: {name}'s device='cuda' allocations go to the CPU")
-    drop = () if rocm else AMD_ONLY_LAUNCH_OPTIONS
-    wrapped, interpreted = _wrap_all_kernels(drop)
-    result.dropped_launch_options = drop
-    if drop:
-        result.notes.append(f"AMD-only launch options {list(drop)} dropped at launch of "
-                            f"{wrapped} kernels")
-    if interpreted:
-        result.notes.append("interpreter: tl.assume is not checked inside AITER kernels "
-                            "(their FP8 quant kernels hint pid > 0, false for program 0)")
+    if result.version is not None and version_key(result.version) is None:
+        result.notes.append(f"version {result.version!r} is not PEP 440: every candidate is "
+                            "tried")
+    seen = arch if pinned else _native_arch()
+    if shell:
+        try:
+            result.notes.extend(_install_stand_ins(seen))
+        except Exception as exc:  # modules that read aiter.dtypes then land in `missing`
+            result.load_errors.append(f"installing stand-ins (aiter.dtypes, chip_info, "
+                                      f"torch_guard): {_error(exc)}")
+    with stubs.pinned_driver(seen) if pinned else contextlib.nullcontext():
+        ops_error = _import_ops(result, pinned)
+        _load_entry_points(result, root, ops_error)
+    if pinned:
+        result.notes.append(f"Triton's driver answered {seen} while AITER imported")
+    _post_load(result, shell, rocm)
     _loaded[key] = result
     return result
-
-
-def _interpreter_has_assume_hook() -> bool:
-    try:
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    return hasattr(getattr(interpreter, "interpreter_builder", None), "create_assume")

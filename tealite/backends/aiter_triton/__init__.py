@@ -10,7 +10,11 @@ only looks for a source.  Each family module declares, per AITER entry point, th
 follows (:mod:`tealite.backends.aiter.contracts`) and reports the entry point it ran in the
 case's numerics (``"entry_point"``).  An entry point that the installed AITER lacks (modules
 move between versions) makes the case unsupported with the loader's reason: never a silent
-fallback to another path (:func:`why_missing`).
+fallback to another path (:func:`why_missing`).  Where AITER's private API drifted between
+versions the adapters dispatch on what the loaded code shows (a ``_get_config`` result's type,
+a wrapper's parameters, the config its wrapper launches with in a dry run), not on the
+version string; a drift they cannot adapt makes the case unsupported with a reason starting
+"adapter:".
 """
 from __future__ import annotations
 
@@ -99,14 +103,22 @@ def kernels() -> loader.AiterTriton:
     return loader.load()
 
 
+# Loader classifications that mean our loader / candidate table, not AITER, needs work.
+ADAPTER_MISSING_KINDS = ("import-error", "moved-unknown")
+
+
 def why_missing(*entry_points: str) -> str | None:
-    """None when the installed AITER has every named entry point, else which and why not."""
+    """None when the installed AITER has every named entry point, else which and why not;
+    prefixed "adapter:" when the loader classified one as its own problem (an existing module
+    that failed to import, or a definition in a module no candidate names)."""
     at = kernels()
-    gone = [f"{e}: {at.missing.get(e, 'not in the loader table')}" for e in entry_points
-            if not at.has(e)]
-    if not gone:
+    absent = [e for e in entry_points if not at.has(e)]
+    if not absent:
         return None
-    return f"AITER {at.version or '(unknown version)'} lacks " + "; ".join(gone)
+    gone = [f"{e}: {at.missing.get(e, 'not in the loader table')}" for e in absent]
+    ours = any(at.missing_kind.get(e) in ADAPTER_MISSING_KINDS for e in absent)
+    return ("adapter: " if ours else "") + \
+        f"AITER {at.version or '(unknown version)'} lacks " + "; ".join(gone)
 
 
 if HAVE_TRITON:

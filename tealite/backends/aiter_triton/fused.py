@@ -247,7 +247,9 @@ def _norm_quantize(op, x, gamma, beta, recipe, eps, scale) -> QuantizedTensor:
     x2, g = _as_loaded(rows_2d(x), entry), _as_loaded(gamma, entry)
     rows, n = x2.shape
     if entry == RMS_MXFP4:
-        (codes, scales), _, _ = at.fused_rms_mxfp4_quant(x2, g, eps)
+        # The first result is the (codes, scales) pair in every version: v0.1.7.post2 returns
+        # three values, v0.1.7.post3 on four (the unquantized y was added second).
+        codes, scales = at.fused_rms_mxfp4_quant(x2, g, eps)[0]
         return _quantized(recipe, rows, n, codes, scales)
     if entry == RMS_STATIC:
         scale_inv = torch.reciprocal(scale)  # AITER takes the dequantization scale

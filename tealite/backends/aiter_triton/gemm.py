@@ -32,12 +32,10 @@ kernel), so bf16 inputs and bf16 outputs are rejected there; fp16 inputs run.
 """
 from __future__ import annotations
 
-import importlib
-import sys
+import inspect
 
 import torch
 
-from tealite.backends.aiter import _triton_loader as loader
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.errors import UnsupportedCase
@@ -62,20 +60,49 @@ INTERPRETER_BF16_STORE = ("Triton's interpreter truncates fp32 -> bf16 conversio
 # ---- shared with qgemm.py: AITER's modules, configs, targets ---------------------------------
 
 def aiter_module(entry: str):
-    """The AITER module that defines ``entry`` (the loader's candidate that has it)."""
-    kernels()  # the loader installs AITER's package (synthetic parent off ROCm) on first use
-    errors = []
-    for rel in loader.ENTRY_POINTS[entry]:
-        name = f"{loader.OPS}.{rel}"
-        try:
-            mod = sys.modules.get(name) or importlib.import_module(name)
-        except Exception as exc:  # reported below with the other candidates
-            errors.append(f"{name}: {type(exc).__name__}: {exc}")
-            continue
-        if hasattr(mod, entry):
-            return mod
-        errors.append(f"{name}: no {entry}")
-    raise LookupError("; ".join(errors))
+    """The AITER module the loader found ``entry`` in (``kernels().locations``)."""
+    at = kernels()
+    try:
+        return at.module_of(entry)
+    except KeyError:
+        raise LookupError(f"adapter: {entry} is not loaded "
+                          f"({at.missing.get(entry, 'not in the loader table')})") from None
+
+
+def accepts(fn, parameter: str) -> bool:
+    """``fn`` (an AITER wrapper) takes ``parameter`` (AITER adds and drops keyword options
+    between versions: dispatch on the signature, not on the version)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return parameter in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def config_function(module):
+    """AITER's private ``_get_config`` as ``module`` binds it.  Found by the function's own
+    name, not the module attribute: from v0.1.16 gemm_a16w16 imports it as
+    ``_get_triton_config``."""
+    fn = getattr(module, "_get_config", None)
+    if callable(fn):
+        return fn
+    found = {id(v): v for v in vars(module).values()
+             if callable(v) and getattr(v, "__name__", None) == "_get_config"}
+    if len(found) != 1:
+        raise LookupError(f"adapter: {module.__name__} binds {len(found)} functions named "
+                          "_get_config (expected one)")
+    return next(iter(found.values()))
+
+
+def config_dict(result) -> dict:
+    """The config out of ``_get_config``'s result: the dict itself up to v0.1.9, a
+    ``(config, is_tuned)`` pair from v0.1.9.post1 on (told apart by the value's type)."""
+    if isinstance(result, dict):
+        return result
+    if isinstance(result, tuple) and result and isinstance(result[0], dict):
+        return result[0]
+    raise TypeError(f"adapter: _get_config returned {type(result).__name__}, expected a dict "
+                    "or (dict, is_tuned)")
 
 
 def aiter_config(entry: str, *args, caps: dict | None = None) -> dict:
@@ -89,7 +116,7 @@ def aiter_config(entry: str, *args, caps: dict | None = None) -> dict:
     depending on call history).  Passing each call its own copy keeps AITER's choice per
     shape.
     """
-    cfg = dict(aiter_module(entry)._get_config(*args))
+    cfg = dict(config_dict(config_function(aiter_module(entry))(*args)))
     if INTERPRET and caps:
         for key, cap in caps.items():
             if key in cfg and cfg[key] > cap:
@@ -102,8 +129,8 @@ def config_or_reason(entry: str, *args, caps: dict | None = None):
     try:
         return aiter_config(entry, *args, caps=caps), None
     except Exception as exc:  # a version whose private config API moved: reject, say why
-        return None, (f"cannot resolve AITER's kernel config for {entry} "
-                      f"({type(exc).__name__}: {exc})")
+        why = str(exc) if str(exc).startswith("adapter:") else f"{type(exc).__name__}: {exc}"
+        return None, f"adapter: cannot resolve AITER's kernel config for {entry} ({why})"
 
 
 def nvidia(params) -> bool:

@@ -40,8 +40,17 @@ AITER rounds the fp32 accumulator to the bias dtype before adding it, which for 
 would be two extra roundings that the case's numerics (no bias dtype in its params) could not
 declare.  Every call gets its own copy of AITER's config (``gemm.aiter_config``: the wrappers
 write their adjustments into the cached dict), and the preshuffled-weight call passes
-``use_aot=False`` (AITER's AOT metadata are gfx950 binaries).  Output dtypes: AITER documents
+``use_aot=False`` where the wrapper has it (AITER's AOT metadata are gfx950 binaries; v0.1.15
+dropped the parameter).  Output dtypes: AITER documents
 bf16 / fp16; fp32 goes through the same ``.to(c_ptr.type.element_ty)`` store.
+
+Across AITER versions: the config a wrapper finally launches with (after its split-K and
+K-step adjustments, which change between releases) is observed in a dry run of the wrapper
+(``launched``: kernel launches recorded, nothing executes) rather than replayed; the 0.1.7.post2
+replay (``replayed_config``) decides only where the dry run cannot (the wrapper raises).
+Whether a ragged last K step is safe is read from the launched kernel's source (masked E8M0
+scale loads, added in v0.1.12).  ``gemm_a8w8`` configs that split K (v0.1.12 on) are rejected
+with an "adapter:" reason: their per-split partials are not what this backend declares.
 
 Rejected (``check``) with the reason: formats other than the above; a bias on any entry point
 but ``gemm_a8w8`` (the others have no bias epilogue); MXFP4 cases whose K is not
@@ -72,9 +81,10 @@ import triton
 from tealite import recipes as R
 from tealite._checks import require
 from tealite.errors import UnsupportedCase
+from tealite.backends.aiter._kernel_facts import find_kernel, first_launch, masked_loads
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
-from tealite.backends.aiter_triton.gemm import (INTERPRETER_BF16_STORE, TENSOR_CORE_U,
+from tealite.backends.aiter_triton.gemm import (INTERPRETER_BF16_STORE, TENSOR_CORE_U, accepts,
                                                 aiter_config, aiter_module, config_or_reason,
                                                 nvidia, positive_strides, run_or_unsupported)
 from tealite.formats import get_format
@@ -163,8 +173,18 @@ def _config_args(entry: str, m: int, n: int, k: int) -> tuple:
 
 
 def _config(entry: str, m: int, n: int, k: int) -> dict:
-    """The config passed to AITER (its own choice, copied; interpreter caps)."""
-    return aiter_config(entry, *_config_args(entry, m, n, k), caps=_caps(entry, m))
+    """The config passed to AITER (its own choice, copied; interpreter caps).  A K-step cap
+    that the wrapper undoes after splitting K with it is lifted to the K step the wrapper
+    launches with: from v0.1.7.post3 gemm_afp4wfp4 raises BLOCK_SIZE_K to >= 128 after its
+    split-K heuristic, so a capped 32 would leave split parts shorter than one K step
+    (overlapping K ranges); AITER's own configs (K step 256) never meet that floor."""
+    cfg = aiter_config(entry, *_config_args(entry, m, n, k), caps=_caps(entry, m))
+    seen = _observe(entry, m, n, k, cfg) if m and n and k else None
+    if seen is not None and seen[0].get("NUM_KSPLIT", 1) > 1 and \
+            seen[0]["SPLITK_BLOCK_SIZE"] % seen[0]["BLOCK_SIZE_K"] and \
+            seen[0]["BLOCK_SIZE_K"] > cfg.get("BLOCK_SIZE_K", 0):
+        cfg["BLOCK_SIZE_K"] = seen[0]["BLOCK_SIZE_K"]
+    return cfg
 
 
 def _shrink_block_k(cfg: dict) -> None:
@@ -176,9 +196,10 @@ def _shrink_block_k(cfg: dict) -> None:
     cfg["BLOCK_SIZE_K"] = max(cfg["BLOCK_SIZE_K"], 16)
 
 
-def effective_config(entry: str, m: int, n: int, k: int) -> dict:
-    """What AITER's wrapper launches with for ``_config``'s dict (its host-side adjustments,
-    replayed on a copy; the fp4 split-K heuristic is AITER's own ``get_splitk``)."""
+def replayed_config(entry: str, m: int, n: int, k: int) -> dict:
+    """AITER's wrapper's host-side adjustments of ``_config``'s dict, replayed on a copy as
+    amd-aiter 0.1.7.post2 makes them (the fp4 split-K heuristic is AITER's own
+    ``get_splitk``).  The fallback of :func:`effective_config`."""
     cfg = _config(entry, m, n, k)
     if entry in (A8W8_PER_TOKEN, A8W8_BLOCK):
         cfg["SPLITK_BLOCK_SIZE"] = triton.cdiv(k, cfg["NUM_KSPLIT"])
@@ -197,6 +218,84 @@ def effective_config(entry: str, m: int, n: int, k: int) -> dict:
                 cfg["SPLITK_BLOCK_SIZE"] = 2 * kb
             cfg["BLOCK_SIZE_N"] = max(cfg["BLOCK_SIZE_N"], 32)
     return cfg
+
+
+# The keys of a launch that the checks and numerics below read.
+_LAUNCH_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "NUM_KSPLIT",
+                "SPLITK_BLOCK_SIZE")
+_launched: dict[tuple, tuple[dict, str] | None] = {}
+
+
+def _dry_run_args(entry: str, m: int, n: int, k: int, cfg: dict) -> tuple:
+    """Inputs of the right shapes and dtypes for ``entry`` (never read: nothing runs)."""
+    dev = DEVICES[0]
+    if entry in (A8W8, A8W8_PER_TOKEN, A8W8_BLOCK):
+        fp8 = kernels().fp8_dtype
+        kb = triton.cdiv(k, _BLOCK_SCALE_K)
+        xs, ws = {A8W8: ((m, 1), (1, n)), A8W8_PER_TOKEN: ((m, 1), (n, 1)),
+                  A8W8_BLOCK: ((m, kb), (triton.cdiv(n, _BLOCK_SCALE_K), kb))}[entry]
+        return (torch.zeros(m, k, device=dev).to(fp8), torch.zeros(n, k, device=dev).to(fp8),
+                torch.ones(xs, device=dev), torch.ones(ws, device=dev))
+    x = torch.zeros(m, k // 2, dtype=torch.uint8, device=dev)
+    w = torch.zeros(n, k // 2, dtype=torch.uint8, device=dev)
+    xs = torch.full((m, k // _MX_SCALE_K), 127, dtype=torch.uint8, device=dev)
+    ws = torch.full((n, k // _MX_SCALE_K), 127, dtype=torch.uint8, device=dev)
+    if entry == FP4:
+        return x, w, xs, ws
+    if entry == FP4_SHUFFLED_WEIGHT:
+        w = w.view(n // _WEIGHT_TILE_N, -1)
+    return x, w, _shuffled_scales(xs) if cfg["BLOCK_SIZE_M"] >= 32 else xs, _shuffled_scales(ws)
+
+
+def launched(entry: str, m: int, n: int, k: int) -> tuple[dict, str] | None:
+    """(config, kernel name) that AITER's own wrapper launches its GEMM kernel with when
+    handed ``_config``'s dict, observed in a dry run (nothing executes).  The wrappers'
+    host-side adjustments change between versions (from v0.1.7.post3 gemm_afp4wfp4 raises
+    BLOCK_SIZE_K to >= 128 after its split-K heuristic; from v0.1.16 the preshuffled path
+    splits K counted in elements): asking AITER replaces replaying them.  None when the
+    wrapper raises (its own assertions; the replay's checks say why) or launches nothing."""
+    cfg = _config(entry, m, n, k)
+    seen = _observe(entry, m, n, k, cfg)
+    return None if seen is None else (dict(cfg, **seen[0]), seen[1])
+
+
+def _observe(entry: str, m: int, n: int, k: int, cfg: dict) -> tuple[dict, str] | None:
+    """The launch keys and kernel name of a dry run of ``entry`` with ``cfg`` (memoized)."""
+    module = aiter_module(entry)
+    key = (entry, m, n, k, tuple(sorted(cfg.items())), id(module),
+           getattr(module, "_USE_GEMM_SPLITK_BF16", None))
+    if key not in _launched:
+        fn = kernels().functions[entry]
+        aot = {"use_aot": False} if entry == FP4_SHUFFLED_WEIGHT and accepts(fn, "use_aot") \
+            else {}
+        try:
+            args = _dry_run_args(entry, m, n, k, cfg)
+        except (RuntimeError, ValueError):  # a shape the entry's layout cannot hold
+            launch = None
+        else:
+            launch = first_launch(fn, *args, key="BLOCK_SIZE_K", dtype=torch.float32,
+                                  config=dict(cfg), **aot)
+        _launched[key] = None if launch is None else (
+            {k_: launch.kwargs[k_] for k_ in _LAUNCH_KEYS if k_ in launch.kwargs},
+            launch.kernel)
+    return _launched[key]
+
+
+def effective_config(entry: str, m: int, n: int, k: int) -> dict:
+    """What AITER's wrapper launches with for ``_config``'s dict: observed (:func:`launched`),
+    else replayed (:func:`replayed_config`)."""
+    seen = launched(entry, m, n, k) if m and n and k else None
+    return seen[0] if seen is not None else replayed_config(entry, m, n, k)
+
+
+def _ragged_k_safe(entry: str, m: int, n: int, k: int) -> bool:
+    """The launched MXFP4 kernel masks its E8M0 scale loads (a ragged last K step is then
+    read safely): read from the kernel's source, since AITER added the masks in v0.1.12 (the
+    plain and preshuffled-scales kernels; the preshuffled-weight kernel has none)."""
+    seen = launched(entry, m, n, k) if m and n and k else None
+    kernel = find_kernel(seen[1]) if seen is not None else None
+    masks = masked_loads(kernel, "scale") if kernel is not None else None
+    return bool(masks) and any(masks)
 
 
 def _fp4_even_k(cfg: dict, k: int) -> bool:
@@ -236,6 +335,10 @@ def _entry_reason(entry: str, p) -> str | None:
     if why is not None:
         return why
     cfg = effective_config(entry, m, n, k)
+    if entry == A8W8 and cfg.get("NUM_KSPLIT", 1) > 1:
+        return (f"adapter: {entry} of this AITER splits K (NUM_KSPLIT={cfg['NUM_KSPLIT']}; "
+                "split-K came with v0.1.12): its per-split partials and bias added in the "
+                "reduce are not what this backend declares for it")
     if entry in (A8W8_PER_TOKEN, A8W8_BLOCK) and cfg["NUM_KSPLIT"] > 1 and \
             cfg["SPLITK_BLOCK_SIZE"] % cfg["BLOCK_SIZE_K"]:
         return (f"{entry} config splits K={k} into {cfg['SPLITK_BLOCK_SIZE']}-long parts, "
@@ -251,7 +354,7 @@ def _entry_reason(entry: str, p) -> str | None:
             return f"{entry}: AITER reports no MXFP4 on arch {kernels().arch}"
         if k % _MX_SCALE_K:
             return f"{entry} takes K // 32 E8M0 scales per row: K={k} is not a multiple of 32"
-        if not _fp4_even_k(cfg, k):
+        if not _fp4_even_k(cfg, k) and not _ragged_k_safe(entry, m, n, k):
             return (f"{entry}: K={k} is not a whole number of its {cfg['BLOCK_SIZE_K']}-long K "
                     "steps (AITER's EVEN_K): its E8M0 scale loads are unmasked, so the last "
                     "step would read scale bytes past K/32 (another row's, or past the tensor)")
@@ -475,8 +578,11 @@ def _run_mxfp4(entry, fn, cfg, a, sa, b, sb, m, n, k, out_dtype):
     if entry == FP4_SHUFFLED_SCALES:
         return fn(b, a, x_scales, w_scales, dtype=out_dtype, config=cfg)
     block_n = effective_config(entry, m, n, k)["BLOCK_SIZE_N"]
+    # use_aot (AOT metadata are gfx950 binaries) is off where the wrapper has it; v0.1.15
+    # dropped the parameter (and the AOT path with it).
+    aot = {"use_aot": False} if accepts(fn, "use_aot") else {}
     return fn(b, _shuffled_weight(a, n, block_n), x_scales, w_scales, dtype=out_dtype,
-              config=cfg, use_aot=False)
+              config=cfg, **aot)
 
 
 @BACKEND.implements("qgemm", dtypes=_OUT, devices=DEVICES, check=_why_not, numerics=_numerics)
