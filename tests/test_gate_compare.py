@@ -217,6 +217,9 @@ def test_a_cross_check_against_the_compiled_run_classifies_interpreter_gaps(base
     # The compiled run judged with the interpreted one beside it: the gap is noted there too.
     res_c = compare(base, compiled, cross=interpreted)
     assert res_c.exit_code == 0 and "interpreter-gap" in _kinds(res_c, Severity.INFO)
+    # The compiled run is authoritative: its own change is never excused by the cross-check.
+    changed = _recase(copy.deepcopy(compiled), 1, verdict="fail", ratio=9.0)
+    assert compare(base, changed, cross=copy.deepcopy(base)).exit_code == 1
     # A real regression shows in both runs: no excuse.
     both = _recase(copy.deepcopy(compiled), 1, verdict="fail", ratio=9.0)
     assert compare(base, interpreted, cross=both).exit_code == 1

@@ -350,6 +350,8 @@ def compare(base: dict, cand: dict, *, factor: float = DEFAULT_FACTOR,
         return res
     gap_findings, gapped = _gaps(base, cand)
     cross_findings, gap_cases = _cross_gaps(cand, cross, diff_observations)
+    if cand["settings"].get("execution") != "interpreter":
+        gap_cases = set()  # a compiled run is authoritative: the cross-check only notes gaps
     judged = (_entry_points(base, cand) + _declared(base, cand) +
               _observed(base, cand, diff_observations) + _cases(base, cand) +
               _errors(base, cand, res))

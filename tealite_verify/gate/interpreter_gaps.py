@@ -82,6 +82,7 @@ def _static_names(node: ast.expr) -> set[int]:
     out = set()
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call) and getattr(sub.func, "id", "") in _STATIC_CALLS:
+            out.add(id(sub.func))
             out.update(id(n) for a in sub.args for n in ast.walk(a) if isinstance(n, ast.Name))
         elif isinstance(sub, ast.Attribute) and sub.attr in _STATIC_ATTRS:
             out.update(id(n) for n in ast.walk(sub.value) if isinstance(n, ast.Name))
@@ -109,8 +110,18 @@ def _control_flow_tests(fn: ast.FunctionDef) -> set[int]:
     return out
 
 
-def _bool_ops(fn: ast.FunctionDef, rel: str, source: str) -> list[Gap]:
-    constexpr = _constexpr_names(fn)
+def _module_aliases(tree: ast.Module) -> set[str]:
+    """Names bound by ``import`` statements (``tl``, ``triton``): module attributes such as
+    ``tl.float32`` are compile-time facts."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.asname or a.name.split(".")[0] for a in node.names)
+    return out
+
+
+def _bool_ops(fn: ast.FunctionDef, rel: str, source: str, modules: set[str]) -> list[Gap]:
+    constexpr = _constexpr_names(fn) | modules
     in_tests = _control_flow_tests(fn)
     gaps = []
     for stmt in fn.body:  # the body only: decorators hold heuristics lambdas, run in Python
@@ -162,11 +173,12 @@ def _scan_file(path: Path, root: Path) -> list[_Function]:
     except SyntaxError:
         return []
     rel = path.relative_to(root).as_posix()
+    modules = _module_aliases(tree)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
             jit = any(_is_jit(d) for d in node.decorator_list)
-            gaps = tuple(_bool_ops(node, rel, source)) if jit else ()
+            gaps = tuple(_bool_ops(node, rel, source, modules)) if jit else ()
             out.append(_Function(node.name, jit, frozenset(_called_names(node)), gaps))
     return out
 
