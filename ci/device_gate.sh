@@ -10,7 +10,10 @@
 #   2. per candidate TAG, in parallel: the baseline's cases re-run in Triton's interpreter on
 #      the host CPU (--candidate-out), then compiled on the GPU with that run as --cross-check,
 #      so a case or an observed field that differs between the two is an interpreter gap;
-#   3. a table: exit codes (interpreted, compiled), wall times, entry-point verdicts.
+#   (PINNED=0 skips step 2; an existing capture in $OUT is reused)
+#   3. with BUMPS=1: every tag captured compiled, and each consecutive bump compared compiled
+#      (previous tag's capture -> tag);
+#   4. a table: exit codes (interpreted, compiled), wall times, entry-point verdicts.
 # Everything lands in $OUT (or ./device-out): reports, candidate runs, logs, gate-gpu.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +31,9 @@ python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" 
 gate() { python3 -m tealite_verify gate "$@"; }
 base=${tags[0]}
 start=$(date +%s)
-timeout ${T_CAPTURE:-300} env -u TRITON_INTERPRET python3 -m tealite_verify gate capture \
-  --device cuda --aiter "$WORK/$base" --out "$OUT/base-$base-cuda.json" \
-  > "$OUT/capture.log" 2>&1
+[ -s "$OUT/base-$base-cuda.json" ] || timeout ${T_CAPTURE:-300} env -u TRITON_INTERPRET \
+  python3 -m tealite_verify gate capture --device cuda --aiter "$WORK/$base" \
+  --out "$OUT/base-$base-cuda.json" > "$OUT/capture.log" 2>&1
 echo "capture $base: rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 one() {  # interpreted, then compiled with the interpreted run as the cross-check
   local t=$1 s
@@ -51,7 +54,23 @@ one() {  # interpreted, then compiled with the interpreted run as the cross-chec
 }
 export -f one
 export OUT WORK base T_INTERP T_COMPILED 2>/dev/null
-printf '%s\n' "${tags[@]}" | xargs -P ${JOBS:-4} -I{} bash -c 'one {}'
+[ "${PINNED:-1}" = 1 ] && printf '%s\n' "${tags[@]}" | xargs -P ${JOBS:-4} -I{} bash -c 'one {}'
+if [ "${BUMPS:-0}" = 1 ]; then
+  cap() { local t=$1 s; s=$(date +%s)
+    [ -s "$OUT/base-$t-cuda.json" ] || env -u TRITON_INTERPRET timeout ${T_CAPTURE:-300} \
+      python3 -m tealite_verify gate capture --device cuda --aiter "$WORK/$t" \
+      --out "$OUT/base-$t-cuda.json" > "$OUT/capture-$t.log" 2>&1
+    echo "capture $t: rc=$? $(( $(date +%s) - s )) s" >> "$OUT/times.txt"; }
+  bump() { local prev=$1 t=$2 s; s=$(date +%s)
+    env -u TRITON_INTERPRET timeout ${T_COMPILED:-400} python3 -m tealite_verify gate compare \
+      --baseline "$OUT/base-$prev-cuda.json" --aiter "$WORK/$t" --device cuda \
+      --json "$OUT/bump-$prev-to-$t.json" > "$OUT/bump-$prev-to-$t.log" 2>&1
+    echo "bump $prev -> $t: rc=$? $(( $(date +%s) - s )) s" >> "$OUT/times.txt"; }
+  export -f cap bump
+  printf '%s\n' "${tags[@]}" | xargs -P ${JOBS:-4} -I{} bash -c 'cap {}'
+  for i in $(seq 1 $(( ${#tags[@]} - 1 ))); do echo "${tags[$((i-1))]} ${tags[$i]}"; done |
+    xargs -P ${JOBS:-4} -L1 bash -c 'bump $0 $1'
+fi
 python3 - "$OUT" > "$OUT/gate-gpu.md" <<'EOF'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
@@ -65,6 +84,17 @@ for p in sorted(out.glob("cuda-*.json")):
     eps = {e["entry_point"]: e["verdict"] for e in c.get("entry_points", [])
            if e["verdict"] != "unchanged"}
     print(f"| {t} | {ie} | {c.get('exit_code')} | "
+          f"{', '.join(f'{k}: {v}' for k, v in sorted(eps.items())) or 'all unchanged'} |")
+bumps = sorted(out.glob("bump-*.json"))
+if bumps:
+    print()
+    print("| bump (compiled) | exit | entry points not unchanged |")
+    print("|---|---|---|")
+for p in bumps:
+    c = json.loads(p.read_text())
+    eps = {e["entry_point"]: e["verdict"] for e in c.get("entry_points", [])
+           if e["verdict"] != "unchanged"}
+    print(f"| {p.stem[5:]} | {c.get('exit_code')} | "
           f"{', '.join(f'{k}: {v}' for k, v in sorted(eps.items())) or 'all unchanged'} |")
 EOF
 cat "$OUT/times.txt" "$OUT/gate-gpu.md"
