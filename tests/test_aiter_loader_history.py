@@ -205,7 +205,7 @@ def test_a_k_step_cap_the_wrapper_raises_after_splitting_is_lifted(monkeypatch):
     pytest.importorskip("triton")
     if REASON is not None:
         pytest.skip(f"AITER not available: {REASON}")
-    from tealite.backends.aiter_triton import qgemm as Q
+    from tealite.backends.aiter_triton import _qgemm_configs as Q
 
     def observe(entry, m, n, k, cfg):  # what such a wrapper launches with
         bk = max(cfg["BLOCK_SIZE_K"], 128)
@@ -225,7 +225,7 @@ def test_the_launch_seen_in_a_dry_run_is_the_replayed_one_on_the_installed_aiter
     adjustments agree: the dry run is what adapts the backend to later versions."""
     pytest.importorskip("triton")
     from tealite.backends.aiter_triton import DEVICES, INTERPRET
-    from tealite.backends.aiter_triton import qgemm as Q
+    from tealite.backends.aiter_triton import _qgemm_configs as Q
     import torch
     if not INTERPRET and not torch.cuda.is_available():
         pytest.skip("no GPU and not under TRITON_INTERPRET=1")

@@ -36,6 +36,7 @@ MX_K_STEP = 32 if INTERPRET else 256
 
 if REASON is None:
     from tealite.backends.aiter_triton import kernels
+    from tealite.backends.aiter_triton import _qgemm_configs as QC
     from tealite.backends.aiter_triton import qgemm as Q
     FP8 = {"e4m3fn": "e4m3", "e4m3fnuz": "e4m3fnuz"}[str(kernels().fp8_dtype).split("_")[-1]]
 else:
@@ -195,7 +196,7 @@ def test_ragged_mxfp4_k_step_is_rejected_for_unmasked_scale_loads(monkeypatch):
     """With a 64-long K step in the interpreter (AITER's own 256-long one on a GPU), K = 96
     leaves a ragged last step: AITER would read E8M0 scale bytes past K/32 (unmasked loads).
     K = 256 is whole steps either way."""
-    monkeypatch.setitem(Q._CAPS, "gemm_afp4wfp4", {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32,
+    monkeypatch.setitem(QC._CAPS, "gemm_afp4wfp4", {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32,
                                                    "BLOCK_SIZE_K": 64})
     reason = AT.why_unsupported("qgemm", _params(_case(_mx(), _mx(), "TN", 16, 20, 96)))
     assert reason is not None and "EVEN_K" in reason, reason
@@ -313,19 +314,19 @@ def test_split_k_that_is_not_whole_k_steps_is_rejected_and_would_be_wrong(monkey
     fp8 = kernels().fp8_dtype
     x = torch.randint(-3, 4, (m, k), generator=g).float().to(fp8).to(DEV)
     w = torch.randint(-3, 4, (n, k), generator=g).float().to(fp8).to(DEV)
-    cfg = dict(Q.aiter_config(entry, m, n, k), NUM_KSPLIT=2)
+    cfg = dict(QC.aiter_config(entry, m, n, k), NUM_KSPLIT=2)
     scales = ((torch.ones(m, 1), torch.ones(n, 1)) if entry == "gemm_a8w8_per_token_scale"
               else (torch.ones(m, 3), torch.ones(1, 3)))
     y = kernels().functions[entry](x, w, *(s.to(DEV) for s in scales), dtype=torch.float32,
                                    config=cfg)
     exact = x.double() @ w.double().t()  # small integers: every partial sum is exact
     assert (y.double() - exact).abs().max() > 1.0
-    split = Q.aiter_config
+    split = QC.aiter_config
 
     def two_splits(e, *args, **kw):
         return dict(split(e, *args, **kw), NUM_KSPLIT=2)
 
-    monkeypatch.setattr(Q, "aiter_config", two_splits)
+    monkeypatch.setattr(QC, "aiter_config", two_splits)
     case = (_case(_cur("row"), _cur("row"), "TN", m, n, k) if entry.endswith("token")
             else _case(_blk(), _blk((1, 128)), "TN", m, n, k))
     reason = AT.why_unsupported("qgemm", _params(case))

@@ -10,7 +10,14 @@ import time
 
 from _helpers_fuzz import ROOT, assert_complete, env_with, fuzz_args, report, run_fuzz, stored
 
-WRONG = env_with("wrong_gemm_backend")
+# The correct peer here is torch's CPU GEMM.  On CPUs with AVX512-BF16 / AMX (this project's
+# machines) oneDNN's bf16 matmul treats bf16 subnormal inputs as zero, which the gemm tier does
+# not model yet (issue 13: subnormal handling as a probed, declared numerics property), so a
+# time-bounded campaign that draws a subnormal bf16 case reports torch too, depending on how
+# many cases fit in its 10 s.  This test is about finding and replaying the seeded wrong
+# backend: oneDNN is held to AVX512_CORE, where the same cases keep their subnormals
+# (NUMERICS.md), in the campaign and in both replays.
+WRONG = env_with("wrong_gemm_backend", ONEDNN_MAX_CPU_ISA="AVX512_CORE")
 
 
 def test_seeded_wrong_external_backend_is_found_and_replays(tmp_path):
