@@ -11,7 +11,7 @@ Known constructs (NUMERICS.md, "Triton interpreter"):
 
 * ``not x``, ``x and y``, ``x or y`` on a tensor inside a ``@triton.jit`` function: the
   compiler lowers them elementwise; the interpreter takes the truth value of the whole numpy
-  array (AITER's ``_mxfp4_quant_op`` from v0.1.9.post1: every interpreted code comes out +-6).
+  array (AITER's ``_mxfp4_quant_op`` from v0.1.7.post3: every interpreted code comes out +-6).
 
 A ``not`` / ``and`` / ``or`` whose operands are all compile-time constants (parameters or
 locals annotated ``tl.constexpr``, ALL_CAPS names, literals) is evaluated by Python in both
