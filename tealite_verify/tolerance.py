@@ -39,7 +39,10 @@ with one rounding before the matmul), ``alignment_floor`` (dtype: the accumulato
 products at the operands' exponents with subnormal operands counted at the format's smallest
 normal exponent, so the accumulation error scales with :func:`aligned_magnitude`),
 ``epilogue_in_accumulator`` (bool: the bias / beta C seeds the accumulator and is summed with
-every product, as AITER's gemm_a16w16 does, instead of being added once at the end).  Every
+every product, as AITER's gemm_a16w16 does, instead of being added once at the end),
+``subnormal_inputs`` ("may_flush": the kernel may treat subnormal operands as zero, as
+oneDNN's bf16 matmul does on AVX512-BF16 / AMX CPUs; probed by the backend, never assumed:
+the products with a subnormal operand are then added to the bound whole).  Every
 operation also gets an absolute
 underflow term (Higham's eta, widened to the smallest normal: see ``underflow_error``).
 
@@ -407,6 +410,14 @@ def aligned_magnitude(x, dtype) -> np.ndarray:
     return xp.where(ax != 0, xp.maximum(ax, floor), ax)
 
 
+def normal_magnitude(x, dtype) -> np.ndarray:
+    """|x| with the subnormals of ``dtype`` set to zero: what a kernel that treats subnormal
+    inputs as zero (declared ``subnormal_inputs: "may_flush"``) multiplies."""
+    xp = namespace(x)
+    ax = xp.abs(xp.asarray(x))
+    return xp.where(ax < float(torch.finfo(dtype).tiny), 0.0 * ax, ax)
+
+
 def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:
     """Bound on |computed P - P| for P = op(B) @ op(A) before the epilogue.
 
@@ -437,15 +448,20 @@ def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:
 
 
 def gemm_tolerances(p_abs, p, pre, k: int, out_dtype, numerics, *, alpha: float,
-                    epilogue_abs, gelu_out=None) -> dict[str, np.ndarray]:
+                    epilogue_abs, gelu_out=None, flushed_abs=None) -> dict[str, np.ndarray]:
     """Bounds for the ``gemm`` tier: {"pre": ..., "out": ...}.
 
     ``epilogue_abs`` = |beta C| + |bias| (broadcast), ``pre`` the exact pre-activation and
-    ``gelu_out`` the exact GELU output (None without GELU).
+    ``gelu_out`` the exact GELU output (None without GELU).  ``flushed_abs``: the part of
+    ``p_abs`` made of products with a subnormal operand, for a backend that declares
+    ``subnormal_inputs: "may_flush"``: it may drop each of them whole (the computed product
+    is then the rounding of the product of the normal operands, within e_p of it).
     """
     xp = namespace(p_abs, p, pre)  # numpy, or torch on the reference device
     u_c = unit_roundoff(compute_dtype(numerics))
     e_p = gemm_error(p_abs, p, k, numerics)
+    if flushed_abs is not None and numerics.get("subnormal_inputs") == "may_flush":
+        e_p = e_p + flushed_abs
     if numerics.get("epilogue_in_accumulator") and k > 0:
         # The epilogue term rides through all K accumulations (Higham: gamma_K of it).
         u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))

@@ -88,13 +88,20 @@ def reference(x, case):
         epilogue_abs = epilogue_abs + xp.abs(bias)[None, :]
     out_dt = dtype_of(case["out_dtype"])
 
+    in_dt = dtype_of(case["dtype"])
+
     def bounds(numerics):
         floor = numerics.get("alignment_floor")
         mag = p_abs if floor is None else ref.product(
             tolerance.aligned_magnitude(a, floor), tolerance.aligned_magnitude(b, floor), layout)
+        flushed = None
+        if numerics.get("subnormal_inputs") == "may_flush":
+            flushed = p_abs - ref.product(tolerance.normal_magnitude(a, in_dt),
+                                          tolerance.normal_magnitude(b, in_dt), layout)
         return tolerance.gemm_tolerances(mag, p, pre, case["k"], out_dt, numerics,
                                          alpha=alpha, epilogue_abs=epilogue_abs,
-                                         gelu_out=out if case["gelu"] else None)
+                                         gelu_out=out if case["gelu"] else None,
+                                         flushed_abs=flushed)
 
     expected = {"out": Expected(out, out_dt, "gemm", lambda num: bounds(num)["out"])}
     if case["gelu"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.torch import BACKEND
+from tealite.backends.torch._platform import matmul_flushes_subnormal_inputs
 
 
 def _numerics(params) -> dict:
@@ -16,6 +17,10 @@ def _numerics(params) -> dict:
         # torch.matmul returns the fp32 accumulator rounded to the input dtype; the epilogue
         # then runs in fp32 on that rounded value.
         numerics["accumulator_rounded_to"] = dtype
+    if matmul_flushes_subnormal_inputs(dtype, str(params["device"])):
+        # Probed, not assumed (_platform.py): oneDNN's bf16 kernels on AVX512-BF16 / AMX CPUs
+        # treat subnormal operands as zero; the kernel choice depends on the shape, so "may".
+        numerics["subnormal_inputs"] = "may_flush"
     if params["device"] == "cuda":
         cuda = torch.backends.cuda.matmul
         if dtype == torch.float32 and cuda.allow_tf32:
