@@ -53,7 +53,7 @@ threshold, either a finite value within tolerance or the infinity is accepted.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 import ml_dtypes
@@ -152,6 +152,9 @@ class Metrics:
     shape_error: str | None = None
     excused: int = 0  # elements a tier's documented exception accepted (reported, not hidden)
     note: str | None = None  # what the tier saw but does not judge (e.g. padding contents)
+    # exact tier: the largest distance between mismatched bit patterns (as integers); there
+    # max_abs_err is the value error |got - want| of the mismatched elements.
+    max_bit_distance: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -162,6 +165,8 @@ class Metrics:
             return f"[{self.tier}] {self.shape_error}"
         s = (f"[{self.tier}] {self.mismatches}/{self.numel} mismatched, max|err|="
              f"{self.max_abs_err:.4g}, max err/tol={self.max_ratio:.4g}")
+        if self.max_bit_distance is not None:
+            s += f", max bit distance={self.max_bit_distance}"
         if self.worst_index is not None:
             s += (f", worst at {self.worst_index}: got {self.worst_actual!r}, "
                   f"want {self.worst_expected!r} +- {self.worst_tol:.4g}")
@@ -336,9 +341,18 @@ def compare_exact(actual, expected, *, nan_payload: bool = False) -> Metrics:
     e_val = _to_f64(expected) if _is_float(expected) else e_bits.astype(np.float64)
     if not nan_payload and _is_float(actual):
         ok |= np.isnan(a_val) & np.isnan(e_val)
-    err = np.where(ok, 0.0, np.abs(a_bits - e_bits).astype(np.float64))
+    bit_dist = np.where(ok, 0, np.abs(a_bits - e_bits))
     nonfinite = int(((~np.isfinite(a_val)) | (~np.isfinite(e_val)))[~ok].sum())
-    return _finish("exact", ok, err, np.zeros(ok.shape), a_val, e_val, nonfinite)
+    m = _finish("exact", ok, bit_dist.astype(np.float64), np.zeros(ok.shape), a_val, e_val,
+                nonfinite)
+    # Report the value error and the bit distance apart: a distance between bit patterns
+    # printed as "max|err|" read as a value (got 0.0 vs want 0.0103 showed 1.009e+09).
+    with np.errstate(invalid="ignore"):
+        value_err = np.abs(a_val - e_val)[~ok]
+    finite = value_err[np.isfinite(value_err)]
+    return replace(m, max_abs_err=float(finite.max()) if finite.size else
+                   (math.inf if value_err.size else 0.0),
+                   max_bit_distance=int(bit_dist.max()) if bit_dist.size else 0)
 
 
 def _is_float(t) -> bool:

@@ -354,3 +354,13 @@ def test_compare_bounded_on_device_tensors_is_the_host_verdict(out_dtype):
         assert not host.passed and _same_metrics(dev, host), bad
     shape = T.compare_bounded(a[:4], torch.from_numpy(e), torch.from_numpy(tol), out_dtype)
     assert shape.shape_error and not shape.passed
+
+
+def test_exact_metrics_report_the_value_error_and_the_bit_distance_apart():
+    """Issue 13: got 0.0 vs want 0.0103 printed max|err| = 1.009e+09 (the bit distance)."""
+    from tealite_verify.tolerance import compare_exact
+    m = compare_exact(torch.tensor([0.0, 1.0]), torch.tensor([0.0103, 1.0]))
+    assert not m.passed and m.max_abs_err == pytest.approx(0.0103, rel=1e-6)
+    assert m.max_bit_distance == 0x3C28C155 and "max bit distance=1009303893" in m.summary()
+    ok = compare_exact(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]))
+    assert ok.passed and ok.max_abs_err == 0.0 and ok.max_bit_distance == 0
