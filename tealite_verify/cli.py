@@ -61,9 +61,22 @@ def cmd_list(args) -> int:
     print(_table(rows, ["op"] + names))
     print()
     print(_recipes_table())
+    print()
+    print(_probed_table())
     for err in registry.plugin_load_errors():
         print(f"plugin failed to load: {err}", file=sys.stderr)
     return 0
+
+
+def _probed_table() -> str:
+    """Numerics the backends probe on this machine instead of assuming (declared to the
+    tiers per case): which can change between CPUs and GPUs CI lands on."""
+    import torch
+
+    from tealite.backends.torch import probes
+    devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    return "probed on this machine:\n" + _table([list(r) for r in probes.describe(devices)],
+                                                 ["kernel", "device", "finding"])
 
 
 def _recipes_table() -> str:

@@ -43,3 +43,16 @@ def test_list_shows_ops_and_backends(capsys):
     header = out.splitlines()[0].split()
     assert header[0] == "op" and {"scaled_mm", "torch", "triton", "aiter_triton"} <= set(header)
     assert "gemm" in out
+
+
+def test_list_shows_the_numerics_probed_on_this_machine(capsys):
+    """Subnormal handling of torch's matmul is probed, never assumed (issue 13)."""
+    import torch
+
+    from tealite.backends.torch.probes import matmul_flushes_subnormal_inputs
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "probed on this machine" in out and "torch.matmul bfloat16" in out
+    want = "treated as zero" if matmul_flushes_subnormal_inputs(torch.bfloat16) else "kept"
+    line = next(l for l in out.splitlines() if "torch.matmul bfloat16" in l)
+    assert want in line

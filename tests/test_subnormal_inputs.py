@@ -1,5 +1,5 @@
 """Subnormal operands treated as zero: a probed, declared numerics property of torch's CPU
-matmul (tealite/backends/torch/_platform.py), modelled by the gemm tier (the products with a
+matmul (tealite/backends/torch/probes.py), modelled by the gemm tier (the products with a
 subnormal operand join the bound).  A GEMM that flushes subnormals passes only where that is
 declared, and a GEMM wrong by more than the flushed products is still caught."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from tealite.backends.torch import gemm as torch_gemm
-from tealite.backends.torch._platform import matmul_flushes_subnormal_inputs
+from tealite.backends.torch.probes import matmul_flushes_subnormal_inputs
 from tealite_verify import tolerance
 from tealite_verify.specs import get_spec
 from tealite_verify.specs.gemm import make_case

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.torch import BACKEND
-from tealite.backends.torch._platform import matmul_flushes_subnormal_inputs
+from tealite.backends.torch.probes import matmul_flushes_subnormal_inputs
 
 
 def _numerics(params) -> dict:
@@ -18,7 +18,7 @@ def _numerics(params) -> dict:
         # then runs in fp32 on that rounded value.
         numerics["accumulator_rounded_to"] = dtype
     if matmul_flushes_subnormal_inputs(dtype, str(params["device"])):
-        # Probed, not assumed (_platform.py): oneDNN's bf16 kernels on AVX512-BF16 / AMX CPUs
+        # Probed, not assumed (probes.py): oneDNN's bf16 kernels on AVX512-BF16 / AMX CPUs
         # treat subnormal operands as zero; the kernel choice depends on the shape, so "may".
         numerics["subnormal_inputs"] = "may_flush"
     if params["device"] == "cuda":

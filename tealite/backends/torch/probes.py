@@ -19,6 +19,9 @@ import torch
 _PROBE_SIZE = 64
 
 
+PROBED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 @functools.lru_cache(maxsize=None)
 def matmul_flushes_subnormal_inputs(dtype: torch.dtype, device: str = "cpu") -> bool:
     """True when ``torch.matmul`` in ``dtype`` on ``device`` treated subnormal inputs as zero
@@ -29,3 +32,15 @@ def matmul_flushes_subnormal_inputs(dtype: torch.dtype, device: str = "cpu") -> 
     got = torch.matmul(a, b).float()
     # Exact: 64 * (tiny / 4) * 2 = 32 tiny, a normal number in every float dtype.
     return bool((got == 0).any())
+
+
+def describe(devices: tuple[str, ...] = ("cpu",)) -> list[tuple[str, str, str]]:
+    """(what, device, finding) rows for ``python -m tealite_verify list``."""
+    rows = []
+    for device in devices:
+        for dtype in PROBED_DTYPES:
+            flush = matmul_flushes_subnormal_inputs(dtype, device)
+            rows.append((f"torch.matmul {str(dtype).removeprefix('torch.')}", device,
+                         "subnormal inputs treated as zero (declared subnormal_inputs="
+                         "may_flush)" if flush else "subnormal inputs kept"))
+    return rows
