@@ -63,6 +63,12 @@ FieldOutcome = FieldResult | Skipped
 
 # ---- canonical descriptions ---------------------------------------------------------------
 
+def _f32_text(v: float) -> str:
+    """|v| as float32, shortest round-trip form without a trailing ".0" (deterministic)."""
+    s = str(F32(abs(v)))
+    return s[:-2] if s.endswith(".0") else s
+
+
 def value_str(v: float) -> str:
     """A float32 value as a short signed string: +6, -0, +0.5, NaN, +inf."""
     v = float(v)
@@ -70,20 +76,17 @@ def value_str(v: float) -> str:
         return "NaN"
     if np.isinf(v):
         return "+inf" if v > 0 else "-inf"
-    sign = "-" if np.signbit(v) else "+"
-    s = str(F32(abs(v)))  # shortest float32 repr
-    return sign + (s[:-2] if s.endswith(".0") else s)
+    return ("-" if np.signbit(v) else "+") + _f32_text(v)
 
 
 def scale_inv_str(v: float) -> str:
-    """An fp32 scale_inv, shortest round-trip form (deterministic)."""
+    """An fp32 scale_inv, unsigned unless negative: 0.5, 2.2321428e-13, nan, inf."""
     v = float(v)
     if np.isnan(v):
         return "nan"
     if np.isinf(v):
         return "inf" if v > 0 else "-inf"
-    s = str(F32(v))
-    return s[:-2] if s.endswith(".0") else s
+    return ("-" if np.signbit(v) else "") + _f32_text(v)
 
 
 def code_str(code: int, fmt: str) -> str:
