@@ -331,3 +331,16 @@ def test_split_k_that_is_not_whole_k_steps_is_rejected_and_would_be_wrong(monkey
             else _case(_blk(), _blk((1, 128)), "TN", m, n, k))
     reason = AT.why_unsupported("qgemm", _params(case))
     assert reason is not None and "overlapping K ranges" in reason, reason
+
+
+def test_an_fp8_k_step_below_nvidias_dot_minimum_is_refused_there(monkeypatch):
+    """Found by fuzzing on an H100: blockscale with K = 9 shrank AITER's K step to 16, and
+    NVIDIA's FP8 tl.dot refuses K < 32 at compile time (the backend raised).  Refused on
+    NVIDIA with the reason; other platforms (the interpreter here) still run it."""
+    p = {"m": 4, "n": 8, "k": 9, "bias": False, "device": "cuda"}
+    assert Q._entry_reason(Q.A8W8_BLOCK, p) is None  # not NVIDIA (interpreter / ROCm)
+    monkeypatch.setattr(Q, "nvidia", lambda params: True)
+    why = Q._entry_reason(Q.A8W8_BLOCK, p)
+    assert why is not None and "below the 32 NVIDIA's FP8 tl.dot compiles" in why
+    big = dict(p, k=256)
+    assert Q._entry_reason(Q.A8W8_BLOCK, big) is None  # a whole 128-long K step is fine

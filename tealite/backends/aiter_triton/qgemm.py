@@ -152,6 +152,9 @@ def _formats_reason(p) -> str | None:
     return None
 
 
+NVIDIA_FP8_DOT_MIN_K = 32  # Triton on NVIDIA: "Input shapes should have ... K >= 32" (fp8)
+
+
 def _entry_reason(entry: str, p) -> str | None:
     m, n, k = p["m"], p["n"], p["k"]
     if p["bias"] and entry != A8W8:
@@ -166,6 +169,12 @@ def _entry_reason(entry: str, p) -> str | None:
         return (f"adapter: {entry} of this AITER splits K (NUM_KSPLIT={cfg['NUM_KSPLIT']}; "
                 "split-K came with v0.1.12): its per-split partials and bias added in the "
                 "reduce are not what this backend declares for it")
+    if entry in (A8W8, A8W8_PER_TOKEN, A8W8_BLOCK) and nvidia(p) and \
+            cfg["BLOCK_SIZE_K"] < NVIDIA_FP8_DOT_MIN_K:
+        # Found by a 2-minute fuzz on an H100 (blockscale, K = 9): AITER shrinks its K step to
+        # the K it is given, and NVIDIA's FP8 tl.dot refuses K < 32 at compile time.
+        return (f"{entry}: its K step {cfg['BLOCK_SIZE_K']} for K={k} is below the "
+                f"{NVIDIA_FP8_DOT_MIN_K} NVIDIA's FP8 tl.dot compiles (a platform limit)")
     if entry in (A8W8_PER_TOKEN, A8W8_BLOCK) and cfg["NUM_KSPLIT"] > 1 and \
             cfg["SPLITK_BLOCK_SIZE"] % cfg["BLOCK_SIZE_K"]:
         return (f"{entry} config splits K={k} into {cfg['SPLITK_BLOCK_SIZE']}-long parts, "
