@@ -86,11 +86,18 @@ class Backend:
     auto_dispatch: bool = True
 
     def implements(self, op: str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
-                   check=None, numerics=None):
+                   check=None, numerics=None, like: str | None = None):
         """Decorator registering ``fn`` as this backend's implementation of ``op``.
 
         ``numerics`` is a mapping, or a callable taking the op params and returning one.
+        ``like="torch"``: the same :class:`Support` and declared numerics as that backend's
+        implementation of ``op`` (device-dependent and probed declarations included, since
+        its numerics callable is shared); give no other support or numerics argument then.
         """
+        if like is not None:
+            return self._implements_like(op, like, dtypes=dtypes, layouts=layouts,
+                                         check=check, numerics=numerics,
+                                         custom_devices=devices != ("cpu", "cuda"))
         support = Support(
             dtypes=frozenset(dtypes) if dtypes is not None else None,
             devices=frozenset(devices),
@@ -108,6 +115,22 @@ class Backend:
         def deco(fn):
             self.impls[op] = Impl(backend=self.name, op=op, fn=fn, support=support,
                                   numerics=numerics_fn)
+            return fn
+
+        return deco
+
+    def _implements_like(self, op: str, like: str, *, custom_devices: bool, **given):
+        named = sorted(k for k, v in given.items() if v is not None)
+        if named or custom_devices:
+            raise TypeError(f"implements({op!r}, like={like!r}) copies support and numerics; "
+                            f"do not also pass {', '.join(named) or 'devices'}")
+        model = get_backend(like).impls.get(op)
+        if model is None:
+            raise ValueError(f"like={like!r}: backend {like!r} does not implement {op!r}")
+
+        def deco(fn):
+            self.impls[op] = Impl(backend=self.name, op=op, fn=fn, support=model.support,
+                                  numerics=model.numerics)
             return fn
 
         return deco
