@@ -11,3 +11,8 @@ class BackendUnavailable(RuntimeError):
 
 class UnsupportedCase(RuntimeError):
     """A backend is available but declares that it does not support this particular case."""
+
+
+class DryRunStop(Exception):
+    """Raised by the registry inside :func:`tealite.registry.dry_run` once an op's arguments
+    passed validation and a backend accepted the case, before the kernel runs."""

@@ -19,13 +19,14 @@ import contextlib
 import contextvars
 import importlib
 import os
+import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Mapping
 
 import torch
 
-from tealite.errors import BackendUnavailable, UnsupportedCase
+from tealite.errors import BackendUnavailable, DryRunStop, UnsupportedCase
 
 ENTRY_POINT_GROUP = "tealite.backends"
 PLUGIN_ENV_VAR = "TEALITE_BACKEND_MODULES"
@@ -84,6 +85,10 @@ class Backend:
     # False keeps the backend out of backend=None dispatch (it still runs when named, and the
     # harness still verifies it): e.g. Triton kernels running in the slow CPU interpreter.
     auto_dispatch: bool = True
+    # The module whose code called register_backend (set there when left empty): a repro
+    # command run in a fresh process must import it, or install the distribution whose
+    # entry point names it, for this backend to exist there (tealite_verify.runner).
+    origin: str = ""
 
     def implements(self, op: str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
                    check=None, numerics=None, like: str | None = None):
@@ -162,6 +167,8 @@ def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
     if backend.name in _BACKENDS and not replace and _BACKENDS[backend.name] is not backend:
         raise ValueError(f"a backend named {backend.name!r} is already registered "
                          "(pass replace=True to override it)")
+    if not backend.origin:
+        backend.origin = sys._getframe(1).f_globals.get("__name__", "")
     _BACKENDS[backend.name] = backend
     return backend
 
@@ -243,7 +250,26 @@ def trace():
         _trace.reset(token)
 
 
+_dry_run_op: contextvars.ContextVar[str | None] = contextvars.ContextVar("tealite_dry_run",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def dry_run(op: str):
+    """Inside the block, a dispatch of ``op`` that a backend accepts raises
+    :class:`~tealite.errors.DryRunStop` instead of running it (other ops run normally): the
+    harness learns that a case passes the front-end's validation and the backend's declared
+    support without paying for the kernel."""
+    token = _dry_run_op.set(op)
+    try:
+        yield
+    finally:
+        _dry_run_op.reset(token)
+
+
 def _chosen(impl: Impl, params: Mapping[str, Any]) -> Impl:
+    if _dry_run_op.get() == impl.op:
+        raise DryRunStop(f"{impl.backend} accepts this {impl.op} case")
     records = _trace.get()
     if records is not None:
         records.append(DispatchRecord(impl.backend, impl.op, dict(params),

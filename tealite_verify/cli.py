@@ -11,6 +11,9 @@
 ``gate``   the AITER version gate: ``gate capture --out FILE`` writes a baseline for the
            installed AITER, ``gate compare --baseline FILE [--aiter PATH]`` fails a candidate
            that regresses it (tealite_verify/gate/).
+``mutate`` the mutation score: deliberate bugs applied to the torch backend, killed by the
+           suite's cases, by fuzz, or survived and why; ``--thresholds`` each op's detection
+           threshold (tealite_verify/mutate/, docs/mutation.md).
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from tealite import registry
-from tealite_verify import profiles
+from tealite_verify import coverage, profiles, suite
 from tealite_verify.gate import cli as gate_cli
+from tealite_verify.mutate import cli as mutate_cli
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import SIZES, all_specs, get_spec
 
@@ -40,6 +44,8 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def cmd_list(args) -> int:
+    if getattr(args, "coverage", False):
+        return _print_coverage()
     backends = registry.backends()
     names = sorted(backends)
     rows = []
@@ -63,8 +69,34 @@ def cmd_list(args) -> int:
     print(_recipes_table())
     print()
     print(_probed_table())
+    print()
+    print(_device_numerics_table())
     for err in registry.plugin_load_errors():
         print(f"plugin failed to load: {err}", file=sys.stderr)
+    return 0
+
+
+def _print_coverage() -> int:
+    """Each (op, backend, dtype): the coverage-matrix cells the last recorded run exercised
+    (``pytest -m differential`` and ``run`` record them; see tealite_verify/suite.py)."""
+    path = suite.coverage_file()
+    seen = suite.load_coverage(path)
+    if not seen:
+        print(f"no coverage recorded in {path}: run `pytest -m differential` or "
+              f"`python -m tealite_verify run` first ({suite.COVERAGE_ENV} moves the file)",
+              file=sys.stderr)
+        return 1
+    rows = []
+    specs = all_specs()
+    for (op, backend, dtype), cells in sorted(seen.items()):
+        universe = specs[op].coverage if op in specs else ()
+        got, total = coverage.ratio({tuple(c.split("=", 1)) for c in cells}, universe)
+        missing = coverage.describe_missing(universe, {tuple(c.split("=", 1)) for c in cells})
+        rows.append([op, backend, dtype, f"{got}/{total}",
+                     ", ".join(missing[:6]) + (f" (+{len(missing) - 6})" if len(missing) > 6
+                                               else "")])
+    print(f"coverage-matrix cells exercised, from {path}:")
+    print(_table(rows, ["op", "backend", "dtype", "cells", "not exercised"]))
     return 0
 
 
@@ -73,10 +105,28 @@ def _probed_table() -> str:
     tiers per case): which can change between CPUs and GPUs CI lands on."""
     import torch
 
+    from tealite.backends.scaled_mm import probes as scaled_mm_probes
     from tealite.backends.torch import probes
     devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-    return "probed on this machine:\n" + _table([list(r) for r in probes.describe(devices)],
+    rows = probes.describe(devices) + scaled_mm_probes.describe(devices)
+    return "probed on this machine:\n" + _table([list(r) for r in rows],
                                                  ["kernel", "device", "finding"])
+
+
+def _device_numerics_table() -> str:
+    """Declared numerics that differ between cpu and cuda, per backend x op, as in force on
+    this machine (tealite_verify/device_numerics.py): which a case's tier assumes depends on
+    where it runs."""
+    import torch
+
+    from tealite_verify import device_numerics
+    rows, notes = device_numerics.differences()
+    where = "evaluated on this machine's GPU" if torch.cuda.is_available() else \
+        "cuda: what the declaration says for it, evaluated without a GPU"
+    head = f"declared numerics that differ between cpu and cuda ({where}):\n"
+    body = _table(rows, ["backend", "op", "key", "cpu", "cuda", "dtypes"]) if rows else \
+        "none for the ops' smoke cases"
+    return head + body + "".join(f"\nnote: {n}" for n in notes)
 
 
 def _recipes_table() -> str:
@@ -122,34 +172,119 @@ def _select_backends(args) -> list[str] | None:
     return args.backend or None
 
 
+def _stratified(spec, args) -> list[dict]:
+    """The suite's stratified cases (tealite_verify/suite.py) of every selected backend that
+    implements the op, in each dtype, without repeats."""
+    names = args.backend or sorted(registry.backends())
+    out: list[dict] = []
+    for name in names:
+        b = registry.backends().get(name)
+        if b is None or spec.name not in b.impls or b.unavailable_reason():
+            continue
+        for dtype in spec.dtypes:
+            for case in suite.plan(spec, name, dtype, device=args.device, size=args.size).cases:
+                if case not in out:
+                    out.append(case)
+    return out
+
+
+def _record_coverage(spec, rep: CaseReport) -> set:
+    """Record the cells of a case that ran for each backend it ran on; returns them."""
+    ran = [o.backend for o in rep.outcomes.values() if o.status == "ok"]
+    if not ran:
+        return set()
+    cells = coverage.cells_of(rep.case, spec.make_inputs(rep.case, "cpu"))
+    dtype = rep.case.get("dtype", spec.dtypes[0])
+    for name in ran:
+        suite.record_coverage(spec.name, name, dtype, cells)
+    return set(cells)
+
+
+def _probabilistic(args) -> float | None:
+    """The per-case false-alarm probability asked for (``--probabilistic [P]``, implied at
+    its default by ``--fail-on-suspicious``, else $TEALITE_VERIFY_PROBABILISTIC), or None;
+    a bad value raises ValueError naming the option."""
+    from tealite_verify import tolerance_prob
+    if args.probabilistic is not None:
+        return tolerance_prob.check_probability(args.probabilistic, "--probabilistic")
+    if args.fail_on_suspicious:
+        return tolerance_prob.DEFAULT_FALSE_ALARM
+    return tolerance_prob.target_from_env()
+
+
+def _prob_row(stats: dict, rep: CaseReport) -> None:
+    """Accumulate one case into the run's probabilistic summary row [checked, suspicious,
+    worst prob err/bound, worst err/err(torch)] (cases with no probabilistic check skipped)."""
+    probs = [c.metrics for c in rep.comparisons
+             if c.rhs == "reference" and c.metrics.prob_ratio is not None]
+    if not probs:
+        return
+    row = stats.setdefault(rep.op, [0, 0, 0.0, 0.0])
+    row[0] += 1
+    row[1] += rep.graded_verdict == "suspicious"
+    row[2] = max(row[2], max(m.prob_ratio for m in probs))
+    row[3] = max([row[3]] + [m.fa_ratio for m in probs if m.fa_ratio is not None])
+
+
+def _prob_table(stats: dict, p_case: float) -> str:
+    rows = [[op, n, s, f"{w:.3f}", f"{fa:.3g}"] for op, (n, s, w, fa) in stats.items()]
+    head = (f"probabilistic check (Higham-Mary bound, false-alarm probability {p_case:g} per "
+            "case; suspicious = within the deterministic bound, beyond this one; "
+            "err/err(torch): FlashAttention-style ratio, 1 by construction for torch):\n")
+    return head + (_table(rows, ["op", "checked", "suspicious", "worst prob err/bound",
+                                 "worst err/err(torch)"]) if rows else "no op with the check ran")
+
+
 def cmd_run(args) -> int:
+    try:
+        p_case = _probabilistic(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    prob_stats: dict = {}
     specs = all_specs()
     ops = list(specs) if not args.op or "all" in args.op else args.op
     rows, reports = [], []
     failed = 0
     for op in ops:
         spec = get_spec(op)
-        cases = list(spec.smoke_cases) + drawn_cases(spec, args.examples, args.size, args.seed)
+        cases = list(spec.smoke_cases) + _stratified(spec, args) + \
+            drawn_cases(spec, args.examples, args.size, args.seed)
         counts = {"pass": 0, "fail": 0, "skip": 0}
+        exercised: set = set()
         worst = 0.0
         for case in cases:
-            rep = run_case(spec, case, backends=_select_backends(args), device=args.device)
+            rep = run_case(spec, case, backends=_select_backends(args), device=args.device,
+                           probabilistic=p_case)
             counts[rep.verdict] += 1
             worst = max(worst, rep.max_ratio())
             reports.append(rep)
+            exercised |= _record_coverage(spec, rep)
             if rep.verdict == "fail":
                 failed += 1
                 print(rep.describe(), file=sys.stderr)
+            elif rep.graded_verdict == "suspicious":
+                print(rep.describe(), file=sys.stderr)
+            _prob_row(prob_stats, rep)
+        got, total = coverage.ratio(exercised, spec.coverage)
         rows.append([op, len(cases), counts["pass"], counts["fail"], counts["skip"],
-                     f"{worst:.3f}"])
-    print(_table(rows, ["op", "cases", "pass", "fail", "skip", "worst err/tol"]))
+                     f"{worst:.3f}", f"{got}/{total}"])
+    print(_table(rows, ["op", "cases", "pass", "fail", "skip", "worst err/tol", "cells"]))
+    print(f"cells: coverage-matrix cells the cases that ran exercised, over every backend; "
+          f"per backend and dtype: python -m tealite_verify list --coverage")
     ran = sorted({o.backend for r in reports for o in r.outcomes.values() if o.status == "ok"})
     print(f"device {args.device}; backends that ran: {', '.join(ran) or 'none'}; "
           f"{failed} failing case(s)")
+    suspicious = sum(r[1] for r in prob_stats.values())
+    if p_case is not None:
+        print(_prob_table(prob_stats, p_case))
+        print(f"{suspicious} suspicious case(s)"
+              + (" (--fail-on-suspicious: exit 1)" if suspicious and args.fail_on_suspicious
+                 else " (not failures)" if suspicious else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.to_dict() for r in reports], f, indent=1, default=str)
-    return 1 if failed else 0
+    return 1 if failed or (args.fail_on_suspicious and suspicious) else 0
 
 
 def cmd_repro(args) -> int:
@@ -163,9 +298,17 @@ def cmd_repro(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
+    from tealite_verify import tolerance_prob
     from tealite_verify.fuzz.findings import default_corpus_dir
     from tealite_verify.fuzz.supervisor import Campaign, FuzzConfig
     from tealite_verify.fuzz.worker import plan_targets
+    try:
+        p_case = _probabilistic(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if p_case is not None:  # the workers inherit the environment (runner.run_case reads it)
+        os.environ[tolerance_prob.ENV_VAR] = repr(p_case)
     seconds = args.seconds if args.seconds is not None else 60.0 * args.minutes
     cfg = FuzzConfig(ops=args.op or ["all"], backends=args.backend, dtypes=args.dtype,
                      recipe=args.recipe, seconds=seconds, seed=args.seed, device=args.device,
@@ -173,7 +316,7 @@ def cmd_fuzz(args) -> int:
                      case_timeout=args.case_timeout, size=args.size, batch=args.batch,
                      variants=args.variants,
                      json_path=args.json, markdown_path=args.markdown, verbose=args.verbose,
-                     db_always=args.db_every_run)
+                     db_always=args.db_every_run, max_cases=args.max_cases)
     try:
         targets, notes = plan_targets(cfg.ops, cfg.backends, cfg.dtypes, cfg.recipe, cfg.device)
     except KeyError as exc:
@@ -185,8 +328,16 @@ def cmd_fuzz(args) -> int:
         print("error: nothing to fuzz with these filters", file=sys.stderr)
         return 2
     print(f"[fuzz] {len(targets)} target(s) for {seconds:g} s on {cfg.device}; corpus "
-          f"{cfg.corpus}; seed {cfg.seed}", file=sys.stderr)
-    return Campaign(cfg, targets, notes).run()
+          f"{cfg.corpus}; seed {cfg.seed}"
+          + (f"; probabilistic check, false-alarm probability {p_case:g} per case"
+             if p_case is not None else ""), file=sys.stderr)
+    campaign = Campaign(cfg, targets, notes)
+    rc = campaign.run()
+    if rc == 0 and args.fail_on_suspicious and campaign.stats.suspicious_cases:
+        print(f"{campaign.stats.suspicious_cases} suspicious case(s) (--fail-on-suspicious)",
+              file=sys.stderr)
+        return 1
+    return rc
 
 
 STARTUP_ALLOWANCE_S = 30.0
@@ -243,6 +394,29 @@ def cmd_replay(args) -> int:
     return 1 if rep.verdict == "fail" else 0
 
 
+def _add_probabilistic_args(p) -> None:
+    p.add_argument("--probabilistic", nargs="?", const="1e-9", metavar="P",
+                   help="also judge GEMMs by the probabilistic Higham-Mary bound "
+                        "(lambda sqrt(K) u, lambda set so a correct backend is flagged with "
+                        "probability <= P per case; default P 1e-9): a case within the "
+                        "deterministic bound but beyond it is reported 'suspicious', not "
+                        "failed; with the FlashAttention-style ratio to a same-precision "
+                        "torch computation beside it (docs/probabilistic.md).  Also "
+                        "$TEALITE_VERIFY_PROBABILISTIC=P")
+    p.add_argument("--fail-on-suspicious", action="store_true",
+                   help="exit 1 on suspicious cases too (implies --probabilistic)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
 def _add_fuzz_parser(sub) -> None:
     z = sub.add_parser("fuzz", help="time-bounded crash-isolated fuzzing campaign",
                        description="Hypothesis-driven fuzzing of ops x backends for a fixed "
@@ -259,6 +433,9 @@ def _add_fuzz_parser(sub) -> None:
     budget.add_argument("--seconds", type=float, help="time budget in seconds")
     z.add_argument("--seed", type=int, default=0)
     z.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    z.add_argument("--max-cases", type=_positive_int, metavar="N",
+                   help="also stop once N cases are done (the time budget still applies): "
+                        "size a campaign by cases")
     z.add_argument("--workers", type=int, help="worker processes (default with --device cuda: "
                                               "up to 4 per visible GPU, at least 4 cores "
                                               "each, GPUs dealt round-robin; else 1)")
@@ -276,6 +453,7 @@ def _add_fuzz_parser(sub) -> None:
                         "amortizes Hypothesis's drawing cost over several kernel runs; the "
                         "failing variant is the case recorded (default 4)")
     z.add_argument("--verbose", action="store_true", help="pass the workers' stderr through")
+    _add_probabilistic_args(z)
     z.add_argument("--db-every-run", action="store_true",
                    help="use the Hypothesis example database in every run, not only each "
                         "target's first (keeps the Pareto front of high ratios; ~2x slower)")
@@ -293,7 +471,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tealite_verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="ops x backends table")
+    ls = sub.add_parser("list", help="ops x backends table")
+    ls.add_argument("--coverage", action="store_true",
+                    help="the coverage-matrix cells the last run exercised, per op x backend "
+                         "x dtype, and the ones it did not")
     r = sub.add_parser("run", help="differential check of every op (the main job)")
     r.add_argument("--op", action="append", help="op name (repeatable) or 'all' (default)")
     r.add_argument("--backend", action="append", help="restrict to these backends (repeatable)")
@@ -302,6 +483,7 @@ def main(argv=None) -> int:
     r.add_argument("--size", choices=SIZES, default="ci", help="shape budget")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", help="write every case report here")
+    _add_probabilistic_args(r)
     q = sub.add_parser("repro", help="re-run one case with full metrics")
     q.add_argument("--op", required=True)
     q.add_argument("--case", required=True, help="case JSON as printed by a failure")
@@ -310,10 +492,12 @@ def main(argv=None) -> int:
     q.add_argument("--json", action="store_true", help="also print the report as JSON")
     _add_fuzz_parser(sub)
     gate_cli.add_parser(sub)
+    mutate_cli.add_parser(sub)
     args = p.parse_args(argv)
     profiles.load()
     errors = registry.load_plugins()
     for err in errors:
         print(f"warning: backend plugin failed to load: {err}", file=sys.stderr)
     return {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
-            "replay": cmd_replay, "gate": gate_cli.run}[args.cmd](args)
+            "replay": cmd_replay, "gate": gate_cli.run,
+            "mutate": mutate_cli.run}[args.cmd](args)

@@ -28,7 +28,7 @@ import torch
 
 from tealite import registry
 from tealite.errors import BackendUnavailable, UnsupportedCase
-from tealite_verify import tolerance
+from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import _device as reference_device
 from tealite_verify.specs import Expected, OpSpec
 
@@ -58,10 +58,24 @@ class CaseReport:
     outcomes: dict[str, Outcome]
     comparisons: list[Comparison]
     timings: dict[str, float] = field(default_factory=dict)
+    # The per-case false-alarm probability of the opt-in probabilistic check, None when off.
+    probabilistic: float | None = None
 
     @property
     def failures(self) -> list[Comparison]:
         return [c for c in self.comparisons if not c.metrics.passed]
+
+    @property
+    def suspicious(self) -> list[Comparison]:
+        """Comparisons with the reference within the deterministic bound but beyond the
+        probabilistic one (tolerance_prob.py); empty unless the check was asked for."""
+        return [c for c in self.comparisons if c.rhs == "reference" and c.metrics.suspicious]
+
+    @property
+    def graded_verdict(self) -> str:
+        """``verdict``, with a passing case that is suspicious graded "suspicious"."""
+        v = self.verdict
+        return "suspicious" if v == "pass" and self.suspicious else v
 
     @property
     def errors(self) -> list[Outcome]:
@@ -80,18 +94,23 @@ class CaseReport:
         return max(ratios, default=0.0)
 
     def repro(self, backend: str | None = None) -> str:
-        return repro_command(self.op, self.case, self.device, backend)
+        cmd = repro_command(self.op, self.case, self.device, backend)
+        if self.probabilistic is not None:
+            cmd = f"{tolerance_prob.ENV_VAR}={self.probabilistic:g} {cmd}"
+        return cmd
 
     def describe(self) -> str:
-        lines = [f"{self.op} on {self.device}: {self.verdict}",
+        lines = [f"{self.op} on {self.device}: {self.graded_verdict}",
                  f"  case: {json.dumps(self.case, sort_keys=True)}"]
         for o in self.outcomes.values():
             extra = f" ({o.reason})" if o.reason else ""
             lines.append(f"  backend {o.backend}: {o.status}{extra}")
         for c in self.comparisons:
             mark = "ok  " if c.metrics.passed else "FAIL"
+            mark = "SUSP" if c.metrics.suspicious else mark
             lines.append(f"  {mark} {c.lhs} vs {c.rhs} [{c.output}]: {c.metrics.summary()}")
-        bad = sorted({c.lhs for c in self.failures} | {o.backend for o in self.errors})
+        bad = sorted({c.lhs for c in self.failures} | {o.backend for o in self.errors}
+                     or {c.lhs for c in self.suspicious})
         lines.append(f"  repro: {self.repro(bad[0] if len(bad) == 1 else None)}")
         return "\n".join(lines)
 
@@ -105,17 +124,79 @@ class CaseReport:
                              "metrics": c.metrics.to_dict()} for c in self.comparisons],
             "repro": self.repro(),
             "timings": dict(self.timings),
+            "probabilistic": self.probabilistic, "graded_verdict": self.graded_verdict,
         }
 
 
-def repro_command(op: str, case: dict, device: str, backend: str | None = None) -> str:
-    env = os.environ.get(registry.PLUGIN_ENV_VAR)
-    prefix = f"{registry.PLUGIN_ENV_VAR}={shlex.quote(env)} " if env else ""
-    cmd = (f"{prefix}python -m tealite_verify repro --op {op} --device {device} "
-           f"--case {shlex.quote(json.dumps(case, sort_keys=True))}")
-    if backend:
-        cmd += f" --backend {backend}"
-    return cmd
+def repro_command(op: str, case: dict, device: str, backend=None) -> str:
+    """One shell line re-running ``case``; ``backend``: a name, a list of names, or None
+    (every registered backend).  It carries what a fresh process needs for the plug-in
+    backends among them (:func:`plugin_setup`): the modules to import, in
+    $TEALITE_BACKEND_MODULES, and a trailing ``# needs: ...`` comment for what must be
+    installed first."""
+    names = [backend] if isinstance(backend, str) else list(backend or [])
+    modules, needs = plugin_setup(names or None)
+    cmd = (f"{plugin_env_prefix(modules)}python -m tealite_verify repro --op {op} "
+           f"--device {device} --case {shlex.quote(json.dumps(case, sort_keys=True))}")
+    cmd += "".join(f" --backend {b}" for b in names)
+    return cmd + needs_comment(needs)
+
+
+def plugin_setup(backends=None) -> tuple[list[str], list[str]]:
+    """(modules for $TEALITE_BACKEND_MODULES, what to install first) so that ``backends``
+    (default: every registered one) exist in a fresh process.
+
+    The modules named in this process's $TEALITE_BACKEND_MODULES are kept.  A built-in
+    backend needs nothing.  One registered by the module of a ``tealite.backends`` entry
+    point needs that distribution installed: entry points are read from installed metadata,
+    an import path alone does not bring them.  Any other plug-in needs the module that called
+    ``register_backend`` (``Backend.origin``) imported; a backend registered by a script
+    (``__main__``) cannot be imported by name, so the note says so.
+    """
+    modules = [m.strip() for m in os.environ.get(registry.PLUGIN_ENV_VAR, "").split(",")
+               if m.strip()]
+    known = registry.backends()
+    names = list(known) if backends is None else [n for n in backends if n in known]
+    needs: list[str] = []
+    dists = None
+    for name in names:
+        origin = known[name].origin
+        if not origin or origin.split(".")[0] == "tealite":
+            continue
+        if dists is None:
+            dists = _entry_point_dists()
+        dist = next((d for m, d in dists.items() if _within(origin, m)), None)
+        if dist is not None:
+            needs.append(f"pip install {dist}")
+        elif origin == "__main__":
+            needs.append(f"the script that registered backend {name} (run it instead)")
+        elif not any(_within(origin, m.split(":")[0]) for m in modules):
+            modules.append(origin)
+    return modules, sorted(set(needs))
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _entry_point_dists() -> dict[str, str]:
+    """module of each ``tealite.backends`` entry point -> its distribution's name."""
+    from importlib import metadata
+    out = {}
+    for ep in metadata.entry_points(group=registry.ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        out[ep.value.split(":")[0].strip()] = dist.name if dist is not None else ep.value
+    return out
+
+
+def plugin_env_prefix(modules) -> str:
+    mods = ",".join(modules)
+    return f"{registry.PLUGIN_ENV_VAR}={shlex.quote(mods)} " if mods else ""
+
+
+def needs_comment(needs) -> str:
+    # A shell comment: the line stays runnable as pasted, and says what it cannot carry.
+    return f"  # needs: {'; '.join(needs)}" if needs else ""
 
 
 def _clone(inputs: dict) -> dict:
@@ -181,6 +262,17 @@ def _compare_to_reference(out, exp: Expected, numerics, outputs) -> tolerance.Me
                                      tier=exp.tier)
 
 
+def _with_probabilistic(m, out, exp: Expected, numerics, p_case) -> tolerance.Metrics:
+    """``m`` with the opt-in probabilistic ratio and the FlashAttention-style ratio (only for
+    a deterministic pass or an ordinary mismatch: a dtype or shape error has nothing to
+    measure)."""
+    if m.shape_error is not None or out.dtype != exp.out_dtype:
+        return m
+    baseline = exp.same_precision() if exp.same_precision is not None else None
+    return tolerance_prob.with_probabilistic(m, out, exp.value, exp.prob_bound(numerics, p_case),
+                                             baseline)
+
+
 def _compare_pair(x, y, exp: Expected, num_x, num_y) -> tolerance.Metrics:
     if exp.bound is None:
         return tolerance.compare_exact(x, y)
@@ -198,11 +290,19 @@ def _compare_pair(x, y, exp: Expected, num_x, num_y) -> tolerance.Metrics:
 
 
 def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
-             device: str = "cpu", pairwise: bool = True,
-             prepared_inputs: Callable[[], dict] | None = None) -> CaseReport:
+             device: str = "cpu", pairwise: bool = True, focus: str | None = None,
+             prepared_inputs: Callable[[], dict] | None = None,
+             probabilistic: float | None | str = "env") -> CaseReport:
     """``prepared_inputs``: returns ``spec.make_inputs(case, device)`` built elsewhere (the
     fuzzer builds the next case's inputs on a thread while this one runs); "inputs" then
-    times the wait for them."""
+    times the wait for them.  ``focus``: compute only the comparisons of that backend (it
+    against the reference and against each other backend that ran), as a test judging one
+    backend reports.  ``probabilistic``: the per-case false-alarm probability of the
+    opt-in probabilistic check (tolerance_prob.py), None for off, "env" (default) for
+    $TEALITE_VERIFY_PROBABILISTIC (unset: off)."""
+    probabilistic = (tolerance_prob.target_from_env() if probabilistic == "env" else
+                     None if probabilistic is None else
+                     tolerance_prob.check_probability(probabilistic, "probabilistic"))
     names = list(backends) if backends is not None else sorted(registry.backends())
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -226,16 +326,21 @@ def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
             expected = spec.reference(view, case)
             timings["reference"] = time.perf_counter() - t
             t = time.perf_counter()
-            comparisons = _comparisons(ran, expected, pairwise)
+            comparisons = _comparisons(ran, expected, pairwise, probabilistic, focus)
             timings["compare"] = time.perf_counter() - t
-    return CaseReport(spec.name, case, device, outcomes, comparisons, timings)
+    return CaseReport(spec.name, case, device, outcomes, comparisons, timings,
+                      probabilistic=probabilistic)
 
 
 def _comparisons(ran: list[Outcome], expected: dict[str, Expected],
-                 pairwise: bool) -> list[Comparison]:
-    """Each backend against the reference, then (``pairwise``) every pair of backends."""
+                 pairwise: bool, probabilistic: float | None = None,
+                 focus: str | None = None) -> list[Comparison]:
+    """Each backend against the reference, then (``pairwise``) every pair of backends; with
+    ``focus``, only the comparisons that involve that backend."""
     comparisons: list[Comparison] = []
     for o in ran:
+        if focus is not None and o.backend != focus:
+            continue
         for out_name, exp in expected.items():
             got = o.outputs.get(out_name)
             if got is None and exp.check is None:
@@ -243,10 +348,14 @@ def _comparisons(ran: list[Outcome], expected: dict[str, Expected],
                                       shape_error=f"output {out_name!r} missing")
             else:
                 m = _compare_to_reference(got, exp, o.numerics, o.outputs)
+                if probabilistic is not None and exp.prob_bound is not None:
+                    m = _with_probabilistic(m, got, exp, o.numerics, probabilistic)
             comparisons.append(Comparison(o.backend, "reference", out_name, m))
     if pairwise:
         for i, x in enumerate(ran):
             for y in ran[i + 1:]:
+                if focus is not None and focus not in (x.backend, y.backend):
+                    continue
                 for out_name, exp in expected.items():
                     if out_name in x.outputs and out_name in y.outputs:
                         if exp.check_pair is not None:

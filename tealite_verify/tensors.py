@@ -18,6 +18,9 @@ Distributions (``dist["kind"]``):
 ``wide``        sign * 2^U(log2_lo, log2_hi): a wide dynamic range
 ``outliers``    N(0, scale^2) with a fraction ``frac`` multiplied by ``factor``
 ``tiny``        magnitudes around the dtype's smallest normal, subnormals included
+``subnormal``   only subnormals of the dtype (every block subnormal-only), random signs
+``max_last``    N(0, scale^2) with the last element (flattened) the largest in magnitude: a
+                reduction that drops or mis-indexes its tail misses the maximum
 ``zero_rows``   N(0, scale^2) with a fraction ``frac`` of rows (leading index) set to 0
 ``integers``    integers in [-hi, hi]: exact products and sums, so low-precision outputs
                 land exactly on rounding ties
@@ -86,6 +89,18 @@ def generate(dist: dict, shape, dtype: torch.dtype, seed: int, device="cpu") -> 
         e = torch.log2(torch.tensor(tiny, dtype=torch.float64)) + torch.empty(
             shape, dtype=sd).uniform_(-mant, 2, generator=g).double()
         x = _signs(shape, g) * torch.exp2(e)
+    elif kind == "subnormal":
+        # Uniform in log2 over the subnormal range: from the smallest subnormal to just below
+        # the smallest normal.
+        tiny = torch.finfo(dtype).tiny
+        lo = -_MANTISSA_BITS[dtype]
+        e = torch.empty(shape, dtype=sd).uniform_(lo, -0.01, generator=g).double()
+        x = _signs(shape, g) * tiny * torch.exp2(e)
+    elif kind == "max_last":
+        x = randn(shape) * dist.get("scale", 1.0)
+        if x.numel():
+            flat = x.reshape(-1)
+            flat[-1] = 2.0 * flat.abs().max() + dist.get("scale", 1.0)
     elif kind == "specials":
         x = randn(shape)
         pick = rand(shape)

@@ -37,7 +37,9 @@ Declared numerics (``Backend.implements(numerics=...)``) read here:
 for Hopper FP8 WGMMA), ``operands_dequantized_to`` (dtype: quantized operands were dequantized
 with one rounding before the matmul), ``alignment_floor`` (dtype: the accumulator aligns
 products at the operands' exponents with subnormal operands counted at the format's smallest
-normal exponent, so the accumulation error scales with :func:`aligned_magnitude`),
+normal exponent, so the accumulation error scales with :func:`aligned_magnitude`; for qgemm
+the string ``FP8_CODE_ALIGNMENT``: the same for the FP8 codes, before their scales, as
+Hopper's FP8 tensor cores do),
 ``epilogue_in_accumulator`` (bool: the bias / beta C seeds the accumulator and is summed with
 every product, as AITER's gemm_a16w16 does, instead of being added once at the end),
 ``subnormal_inputs`` ("may_flush": the kernel may treat subnormal operands as zero, as
@@ -155,6 +157,16 @@ class Metrics:
     # exact tier: the largest distance between mismatched bit patterns (as integers); there
     # max_abs_err is the value error |got - want| of the mismatched elements.
     max_bit_distance: int | None = None
+    # Opt-in probabilistic check (tolerance_prob.py): max err / the Higham-Mary bound, and the
+    # FlashAttention-style cross-check max|err| / max|same-precision torch - ref|; None when
+    # not computed.  Informational: ``passed`` stays the deterministic verdict.
+    prob_ratio: float | None = None
+    fa_ratio: float | None = None
+
+    @property
+    def suspicious(self) -> bool:
+        """Within the deterministic bound but beyond the probabilistic one."""
+        return self.passed and self.prob_ratio is not None and self.prob_ratio > 1.0
 
     @property
     def passed(self) -> bool:
@@ -176,11 +188,17 @@ class Metrics:
             s += f", {self.excused} excused by the tier's rule"
         if self.note:
             s += f" ({self.note})"
+        if self.prob_ratio is not None:
+            s += f", prob err/bound={self.prob_ratio:.4g}" + (" SUSPICIOUS" if self.suspicious
+                                                               else "")
+        if self.fa_ratio is not None:
+            s += f", err/err(torch same precision)={self.fa_ratio:.4g}"
         return s
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["passed"] = self.passed
+        d["suspicious"] = self.suspicious
         d["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
         return d
 
@@ -424,6 +442,11 @@ def aligned_magnitude(x, dtype) -> np.ndarray:
     return xp.where(ax != 0, xp.maximum(ax, floor), ax)
 
 
+# qgemm's ``alignment_floor`` value for an FP8 MMA: subnormal *codes* are aligned at their
+# format's smallest normal exponent (measured on an H200; tests/test_fp8_mma_accumulator.py).
+FP8_CODE_ALIGNMENT = "fp8_codes"
+
+
 def normal_magnitude(x, dtype) -> np.ndarray:
     """|x| with the subnormals of ``dtype`` set to zero: what a kernel that treats subnormal
     inputs as zero (declared ``subnormal_inputs: "may_flush"``) multiplies."""
@@ -432,13 +455,16 @@ def normal_magnitude(x, dtype) -> np.ndarray:
     return xp.where(ax < float(torch.finfo(dtype).tiny), 0.0 * ax, ax)
 
 
-def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:
+def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any], *,
+               accumulation_gamma=gamma) -> np.ndarray:
     """Bound on |computed P - P| for P = op(B) @ op(A) before the epilogue.
 
     ``p_abs`` = |op(B)| @ |op(A)| and ``p`` = the exact product, both float64.
+    ``accumulation_gamma(k, u_acc)``: the K-term accumulation's relative bound (Higham's
+    gamma_K; tolerance_prob.py passes the probabilistic one).
     """
     u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))
-    coef = gamma(k, u_acc) if k > 0 else 0.0
+    coef = accumulation_gamma(k, u_acc) if k > 0 else 0.0
     if numerics.get("operands_dequantized_to") is not None:
         # Each operand was rounded once (code x scale) before an exact product.
         coef = coef + 2 * unit_roundoff(numerics["operands_dequantized_to"])
@@ -462,7 +488,8 @@ def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any]) -> np.ndarray:
 
 
 def gemm_tolerances(p_abs, p, pre, k: int, out_dtype, numerics, *, alpha: float,
-                    epilogue_abs, gelu_out=None, flushed_abs=None) -> dict[str, np.ndarray]:
+                    epilogue_abs, gelu_out=None, flushed_abs=None,
+                    accumulation_gamma=gamma) -> dict[str, np.ndarray]:
     """Bounds for the ``gemm`` tier: {"pre": ..., "out": ...}.
 
     ``epilogue_abs`` = |beta C| + |bias| (broadcast), ``pre`` the exact pre-activation and
@@ -473,13 +500,13 @@ def gemm_tolerances(p_abs, p, pre, k: int, out_dtype, numerics, *, alpha: float,
     """
     xp = namespace(p_abs, p, pre)  # numpy, or torch on the reference device
     u_c = unit_roundoff(compute_dtype(numerics))
-    e_p = gemm_error(p_abs, p, k, numerics)
+    e_p = gemm_error(p_abs, p, k, numerics, accumulation_gamma=accumulation_gamma)
     if flushed_abs is not None and numerics.get("subnormal_inputs") == "may_flush":
         e_p = e_p + flushed_abs
     if numerics.get("epilogue_in_accumulator") and k > 0:
         # The epilogue term rides through all K accumulations (Higham: gamma_K of it).
         u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))
-        e_p = e_p + gamma(k, u_acc) * epilogue_abs
+        e_p = e_p + accumulation_gamma(k, u_acc) * epilogue_abs
     e_pre = abs(alpha) * e_p + 3 * u_c * (abs(alpha) * (xp.abs(p) + e_p) + epilogue_abs)
     tol = {"pre": e_pre + 0.5 * ulp(out_dtype, xp.abs(pre) + e_pre)}
     if gelu_out is None:

@@ -33,6 +33,19 @@ scale_inv = fl32(amax / max) and multiplies by r = fl32(1 / scale_inv); no amax 
 interval, and the codes are judged under the backend's own scale_inv: between the casts of
 fl32(y * r) over the y interval's endpoints and r's allowed values (y * r is monotone in each).
 
+Zero-row / zero-block policies apply wherever the amax is within its error bound of zero: a
+row's (block's) amax interval starts at 0 exactly when every y interval of the row (block)
+holds 0, and there a correct kernel may get amax == 0 from its own fp32 y (underflow, flushed
+subnormals) and take the recipe's zero policy, or get the tiny amax and finite codes.  Both
+are accepted, by the same checks as any other amax: TE's rule judges scale_inv and codes under
+the reported amax (0 -> scale 1), MX byte 0 is rule(0), AITER's scale_inv 0 (or 1 with
+``scale_inv_zero_as_one``) lies in its range, and its NaN codes (0 * 1/0) are allowed where 0
+lies inside y's interval (:func:`zero_times_inf`).  Where the amax interval starts above 0 the
+zero policy fails (scale or amax outside its range, codes outside theirs).  Only the fused ops
+compute the amax they scale by; they take per-row FP8 and MX recipes (tensor and 1x128 /
+128x128 block current scaling are refused by tealite.ops.fused, as TE does not fuse them), and
+a given-scale recipe's tensor amax is only reported, judged by its interval.
+
 Declared numerics read here (``Backend.implements(numerics=...)``), besides the y bound's:
 
 ``fp32_div_ulps`` (int, default 0)
@@ -278,12 +291,26 @@ def check_fp8_codes(bits, lo, hi, y_mid, scale, fmt: str, saturate: bool) -> Met
     return codes_within(bits, c_lo, c_hi, c_mid, fmt, lo, hi)
 
 
+def zero_times_inf(lo, hi, r_hi) -> np.ndarray:
+    """True where fl32(y * r) can be 0 * Inf = NaN with y anywhere inside [lo, hi]: the y
+    interval holds 0 and the multiplier may be +Inf.  The corner products miss it when 0 is
+    strictly inside (their ends are -Inf and +Inf).  This is AITER's zero-row policy (amax 0,
+    scale_inv 0, r = 1/0: NaN codes) reached by a kernel whose fp32 y of a row is all +-0 while
+    every y_ref of the row is within its bound of 0 (swiglu of [-92.08, 57.63]: torch's fp32
+    silu(-92.08) = x / (1 + exp(92.08)) overflows exp and is -0, y_ref = -5.4e-37 with a bound
+    of 5.1e-34; a torch-backend fuzz finding on the CPU)."""
+    with np.errstate(invalid="ignore"):
+        holds_zero = (np.asarray(lo, F32) <= 0) & (np.asarray(hi, F32) >= 0)
+    return holds_zero & np.isposinf(np.asarray(r_hi, F32))
+
+
 def check_fp8_codes_scaled_by(bits, lo, hi, y_mid, r_lo, r_hi, fmt: str,
                               saturate: bool) -> Metrics:
     """Codes of fl32(y * r) cast RNE for y in [lo, hi] and r in [r_lo, r_hi] (r >= 0, maybe
     Inf): between the casts of the smallest and largest of the four corner products (the
     product is monotone in each factor); a NaN code is allowed where a corner (or
-    round32(y_ref) * r) is NaN (0 * Inf)."""
+    round32(y_ref) * r) is NaN (0 * Inf), or where 0 lies inside the y interval and r may be
+    Inf (:func:`zero_times_inf`)."""
     if np.array_equal(r_lo, r_hi) and np.isfinite(r_lo).all():
         return check_fp8_codes(bits, lo, hi, y_mid, r_lo, fmt, saturate)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -293,7 +320,7 @@ def check_fp8_codes_scaled_by(bits, lo, hi, y_mid, r_lo, r_hi, fmt: str,
         v_lo, v_hi = np.nanmin(corners, axis=0), np.nanmax(corners, axis=0)
     c_lo, c_hi, c_mid = (qref.codes_to_bits(qref.round_elements(v, fmt, saturate=saturate))
                          for v in (v_lo, v_hi, v_mid))
-    nan_corner = np.isnan(corners).any(axis=0) | np.isnan(v_mid)
+    nan_corner = np.isnan(corners).any(axis=0) | np.isnan(v_mid) | zero_times_inf(lo, hi, r_hi)
     # The interval ends for NaN-ness of y_ref itself are the y interval's, not the products'.
     y_nan = np.isnan(np.asarray(lo, F32)) | np.isnan(np.asarray(hi, F32))
     ends = [np.where(y_nan, np.nan, v) for v in (v_lo, v_hi)]

@@ -56,3 +56,35 @@ def test_list_shows_the_numerics_probed_on_this_machine(capsys):
     want = "treated as zero" if matmul_flushes_subnormal_inputs(torch.bfloat16) else "kept"
     line = next(l for l in out.splitlines() if "torch.matmul bfloat16" in l)
     assert want in line
+
+
+def test_list_shows_declared_numerics_that_differ_by_device(capsys, make_backend):
+    """A plug-in whose declaration depends on the device shows both values; one that does
+    not is not listed; one that cannot be evaluated for a device says so (issue 13)."""
+    import torch
+
+    by_device = make_backend("bydevice")
+    by_device.implements("act_fwd", numerics=lambda p: {
+        "compute_dtype": torch.float16 if p["device"] == "cuda" else torch.float32,
+        "fixed": "same on both"})(lambda x, *, kind: x)
+    constant = make_backend("constant")
+    constant.implements("act_fwd", numerics={"compute_dtype": torch.float16})(
+        lambda x, *, kind: x)
+
+    def needs_the_device(p):
+        if p["device"] == "cuda":
+            raise RuntimeError("probe needs a GPU")
+        return {}
+
+    probed = make_backend("probed")
+    probed.implements("act_fwd", numerics=needs_the_device)(lambda x, *, kind: x)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    section = out.split("declared numerics that differ between cpu and cuda")[1]
+    rows = [line.split() for line in section.splitlines()]
+    assert [by_device.name, "act_fwd", "compute_dtype", "float32", "float16"] in \
+        [r[:5] for r in rows]
+    assert not any(r and r[0] == constant.name for r in rows)
+    assert not any("fixed" in r for r in rows if r and r[0] == by_device.name)
+    assert f"note: {probed.name} act_fwd: the cuda declaration cannot be evaluated here " \
+           f"(RuntimeError: probe needs a GPU)" in section

@@ -1,14 +1,21 @@
-"""Hypothesis-driven op x backend x dtype checks: every available backend against the float64
-reference and against every other backend.  Run with ``pytest -m differential``."""
+"""Op x backend x dtype checks: every available backend against the float64 reference and
+against every other backend.  Run with ``pytest -m differential``.
+
+Each test runs the spec's smoke cases, then the stratified drawn cases of
+``tealite_verify.suite.plan``: one case per cell of the op's coverage matrix that this
+backend accepts (recipe families and roundings, formats, layouts, edge classes), then plain
+draws.  It computes only what it reports: this backend against the reference, and against the
+peers that sort before it (each pair is judged once, in the later backend's test).  The cells
+the cases that ran exercised are recorded for ``python -m tealite_verify list --coverage``.
+"""
 from __future__ import annotations
 
 import os
 
 import pytest
-from hypothesis import given, note, settings
 
 from tealite import registry
-from tealite_verify import profiles
+from tealite_verify import coverage, profiles, suite
 from tealite_verify.runner import run_case
 from tealite_verify.specs import all_specs
 
@@ -28,28 +35,27 @@ def test_backend_matches_reference_and_peers(op, backend, dtype):
     reason = registry.get_backend(backend).unavailable_reason()
     if reason:
         pytest.skip(f"backend {backend} unavailable: {reason}")
-    if op not in registry.get_backend(backend).impls:
-        pytest.skip(f"backend {backend} does not implement {op}")
     spec = SPECS[op]
-    unsupported: list[str] = []
-    ran = []
-
-    @given(case=spec.cases(dtype, profiles.shape_size()))
-    @settings(settings())
-    def check(case):
-        report = run_case(spec, case, device=DEVICE)
+    plan = suite.plan(spec, backend, dtype, device=DEVICE, size=profiles.shape_size())
+    cases = suite.smoke_cases(spec, dtype) + plan.cases
+    known_cells = [None] * (len(cases) - len(plan.cases)) + plan.case_cells
+    others = suite.peers(spec, backend)
+    failures, unsupported, exercised = [], [], set()
+    for case, cells in zip(cases, known_cells):
+        report = run_case(spec, case, backends=[backend] + others, device=DEVICE, focus=backend)
         outcome = report.outcomes[backend]
         if outcome.status in ("unsupported", "unavailable"):
             unsupported.append(outcome.reason)
-            return
-        ran.append(case)
-        note(report.describe())
-        # Judge this backend: its reference comparisons, its pairwise ones, its own errors.
-        mine = [c for c in report.failures if backend in (c.lhs, c.rhs)]
-        if outcome.status == "error" or mine:
-            pytest.fail(report.describe(), pytrace=False)
-
-    check()
-    if not ran:
-        pytest.skip(f"{backend} supported none of the drawn {op} cases: "
-                    + "; ".join(sorted(set(unsupported))[:3]))
+            continue
+        if cells is None:  # a smoke case: classify it too
+            cells = coverage.cells_of(case, spec.make_inputs(case, "cpu"))
+        exercised |= cells
+        if outcome.status == "error" or report.failures:
+            failures.append(report.describe())
+    suite.record_coverage(op, backend, dtype, exercised)
+    if failures:
+        pytest.fail(f"{len(failures)} of {len(cases)} cases failed; first:\n{failures[0]}",
+                    pytrace=False)
+    if not exercised:
+        why = sorted(set(unsupported))[:2] or sorted(set(plan.unreached.values()))[:2]
+        pytest.skip(f"{backend} accepts none of the {op} cases in {dtype}: " + "; ".join(why))

@@ -2,8 +2,13 @@
 
 A finding is what a fuzz campaign keeps of a failing case: the op, the backend(s) involved,
 the full (replayable) case, metrics, versions and one-line repro commands.  Its ``signature``
-(kind, op, backends, output, error type) names the bug, not the case: a rerun that hits the
-same bug again bumps ``count``/``last_seen`` of the stored file instead of adding a new one.
+(kind, op, backends, output, error type and, for a mismatch, the case class: recipe family
+with its roundings, formats, saturation, dtype, tier, edge class; see ``coverage.case_class``)
+names the bug, not
+the case: a rerun that hits the same bug again bumps ``count``/``last_seen`` of the stored file
+instead of adding a new one, while a mismatch of the same output in another class of cases (a
+different bug, e.g. NaN codes of an all-zero row vs a delayed-scaling rounding error) is a new
+finding.
 
 The default corpus directory is ``$TEALITE_FINDINGS`` or ``./findings``; the repository's
 ``findings/`` holds committed regression findings, which ``pytest -m differential`` replays.
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tealite import registry
+from tealite_verify import coverage
 
 ENV_VAR = "TEALITE_FINDINGS"
 KINDS = ("mismatch", "error", "crash", "hang")
@@ -32,10 +38,20 @@ def now_iso() -> str:
 
 
 def make_signature(kind: str, op: str, backends, output: str | None,
-                   error_type: str | None) -> str:
-    """Dedupe key: the same bug found again (on any case) has the same signature."""
-    key = json.dumps([kind, op, list(backends), output, error_type])
+                   error_type: str | None, case_class: dict | None = None) -> str:
+    """Dedupe key: the same bug found again (on any case of its class) has the same
+    signature."""
+    key = json.dumps([kind, op, list(backends), output, error_type,
+                      sorted((case_class or {}).items())])
     return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def signature_class(kind: str, case: dict, metrics: dict) -> dict:
+    """The case class that is part of a finding's signature: for a mismatch, where numerics
+    bugs live (recipe, roundings, format, dtype, tier, edge class); for an error, crash or
+    hang none (the exception type or the signal names those, and a crashing kernel crashes on
+    every class the shrinker walks through)."""
+    return coverage.case_class(case, metrics.get("tier")) if kind == "mismatch" else {}
 
 
 def recipe_description(case: dict) -> str:
@@ -73,7 +89,7 @@ class Finding:
     versions: dict
     seed: int | None
     repro: str             # one line: python -m tealite_verify replay <path>
-    signature: str         # dedupe key (hash of kind, op, backends, output, error type)
+    signature: str         # dedupe key (hash of kind, op, backends, output, error type, class)
     count: int = 1
     first_seen: str = ""   # ISO time
     last_seen: str = ""
@@ -83,6 +99,8 @@ class Finding:
     shape: str = ""
     repro_case: str = ""   # the ``python -m tealite_verify repro --case ...`` form
     stderr_tail: str = ""  # crash / hang: the worker's last stderr lines
+    case_class: dict = dataclasses.field(default_factory=dict)  # coverage.case_class
+    error_type: str | None = None  # error findings: the exception type (in the signature)
 
     @property
     def id(self) -> str:
@@ -104,10 +122,13 @@ def new_finding(kind: str, op: str, backends, case: dict, device: str, *, output
     """A Finding with its signature, case summaries and ``repro --case`` command filled in."""
     backends = list(backends)
     t = now_iso()
+    versions = _with_plugin_setup(dict(versions or {}), backends)
+    cls = signature_class(kind, case, metrics or {})
     return Finding(
         kind=kind, op=op, backends=backends, output=output, case=case, device=device,
-        detail=detail, metrics=dict(metrics or {}), versions=dict(versions or {}), seed=seed,
-        repro="", signature=make_signature(kind, op, backends, output, error_type),
+        detail=detail, metrics=dict(metrics or {}), versions=versions, seed=seed,
+        repro="", signature=make_signature(kind, op, backends, output, error_type, cls),
+        case_class=cls, error_type=error_type,
         first_seen=t, last_seen=t, recipe=recipe_description(case),
         dtype=str(case.get("dtype", "")), shape=shape_summary(case),
         repro_case=_repro_case(op, case, device, backends), stderr_tail=stderr_tail)
@@ -115,8 +136,24 @@ def new_finding(kind: str, op: str, backends, case: dict, device: str, *, output
 
 def _repro_case(op: str, case: dict, device: str, backends: list[str]) -> str:
     from tealite_verify.runner import repro_command
-    cmd = repro_command(op, case, device, backends[0] if backends else None)
-    return cmd + "".join(f" --backend {b}" for b in backends[1:])
+    return repro_command(op, case, device, backends or None)
+
+
+def _with_plugin_setup(versions: dict, backends: list[str]) -> dict:
+    """``versions`` with what a fresh process needs for the finding's plug-in backends:
+    "backend_modules" (every module to import: $TEALITE_BACKEND_MODULES plus the module that
+    registered a backend in-process) and "backend_needs" (distributions to install, for
+    entry-point plug-ins).  The replay command, ``replay`` and the finding replay tests read
+    them; versions.collect only sees the environment variable."""
+    from tealite_verify.runner import plugin_setup
+    modules, needs = plugin_setup(backends)
+    recorded = [m for m in (versions.get("backend_modules") or "").split(",") if m.strip()]
+    extra = [m for m in modules if m not in recorded]
+    if extra:
+        versions["backend_modules"] = ",".join(recorded + extra)
+    if needs:
+        versions["backend_needs"] = "; ".join(needs)
+    return versions
 
 
 def _display_path(path: Path) -> str:
@@ -129,7 +166,10 @@ def _display_path(path: Path) -> str:
 def replay_command(path: Path, versions: dict) -> str:
     mods = versions.get("backend_modules")
     prefix = f"{registry.PLUGIN_ENV_VAR}={shlex.quote(mods)} " if mods else ""
-    return f"{prefix}python -m tealite_verify replay {shlex.quote(_display_path(path))}"
+    needs = versions.get("backend_needs")
+    # A shell comment, as in runner.repro_command: what the command itself cannot carry.
+    suffix = f"  # needs: {needs}" if needs else ""
+    return f"{prefix}python -m tealite_verify replay {shlex.quote(_display_path(path))}{suffix}"
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -173,6 +213,22 @@ class Corpus:
         f.repro = replay_command(path, f.versions)
         _write_atomic(path, f.to_json())
         return path, True
+
+    def retriage(self) -> list[tuple[str, str]]:
+        """Re-name every stored finding with the current signature (case class included):
+        files whose signature changed are rewritten under their new name; two that now share
+        one are merged (counts added).  Returns (old file name, new file name) pairs."""
+        moves = []
+        for path, f in self.all():
+            cls = signature_class(f.kind, f.case, f.metrics)
+            sig = make_signature(f.kind, f.op, f.backends, f.output, f.error_type, cls)
+            if sig == f.signature and f.case_class == cls:
+                continue
+            f.signature, f.case_class = sig, cls
+            path.unlink()
+            new_path, _ = self.add(f)
+            moves.append((path.name, new_path.name))
+        return moves
 
     def get(self, signature: str) -> Finding | None:
         for _, f in self.all():

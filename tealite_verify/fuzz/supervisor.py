@@ -9,8 +9,9 @@ read by one thread per worker into a queue.  The main loop:
 * a worker that exits by a signal or non-zero status mid-case => "crash" finding (signal name,
   stderr tail), restart; ``device_lost`` (a dead CUDA context) => restart;
 * ``finding`` => saved to the corpus at once (atomic), deduplicated by signature;
-* the deadline, Ctrl-C or SIGTERM => workers stopped (SIGTERM: they flush their findings, then
-  SIGKILL), report written; exit 130 when interrupted, 1 when there are findings, else 0.
+* the deadline, ``max_cases`` cases done, Ctrl-C or SIGTERM => workers stopped (SIGTERM:
+  they flush their findings, then SIGKILL), report written; exit 130 when interrupted, 1 when
+  there are findings, else 0.
 """
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ class FuzzConfig:
     markdown_path: str | None = None
     verbose: bool = False
     db_always: bool = False
+    # Stop once this many cases are done (the time budget still caps the campaign): a
+    # campaign sized by cases, e.g. ci/false_alarm_campaign.sh.  None: time only.
+    max_cases: int | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -107,6 +111,10 @@ def worker_envs(n: int | None, device: str) -> list[dict]:
     for env in envs:
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", threads)
     return envs
+
+
+def reached_max_cases(cases: int, max_cases: int | None) -> bool:
+    return max_cases is not None and cases >= max_cases
 
 
 class Campaign:
@@ -325,6 +333,9 @@ class Campaign:
                             pass
             now = time.time()
             self._watchdog(now)
+            if self.stop_reason is None and reached_max_cases(self.stats.cases,
+                                                              self.cfg.max_cases):
+                self.stop_reason = "max-cases"
             if stopping_since is None and (self.stop_reason or now > hard_end):
                 self.stop_reason = self.stop_reason or "deadline"
                 stopping_since = now

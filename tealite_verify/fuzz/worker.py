@@ -156,14 +156,61 @@ def classify(rep, device: str, versions: dict, seed) -> list:
     return out
 
 
+def _turn_case(spec, case: dict, names: list[str], device: str, size: str,
+               dtype: str | None = None) -> dict:
+    """The drawn case, fitted to the backend whose turn it is (chosen by the case's seed, so a
+    replayed draw gets the same fit): each judged backend gets runnable cases in turn, also
+    one that accepts a narrow slice of the op (tealite_verify.suite.fit_for)."""
+    if len(names) < 2 or not isinstance(case.get("seed"), int):
+        return case
+    from tealite_verify.suite import fit_for
+    turn = case["seed"] % len(names)
+    return fit_for(spec, case, names[turn], device=device, size=size,
+                   offset=case["seed"] // len(names), dtypes=(dtype,) if dtype else None)
+
+
 def _backend_stats(rep) -> dict:
     stats = {}
     for name, o in rep.outcomes.items():
-        ratios = [c.metrics.max_ratio for c in rep.comparisons
-                  if c.lhs == name and c.rhs == "reference"]
-        r = max(ratios, default=0.0)
+        mine = [c.metrics for c in rep.comparisons if c.lhs == name and c.rhs == "reference"]
+        r = max((m.max_ratio for m in mine), default=0.0)
         stats[name] = {"status": o.status, "ratio": r if math.isfinite(r) else RATIO_CAP}
+        stats[name].update(_probabilistic_stats(mine))
     return stats
+
+
+def _capped(r: float) -> float:
+    return r if math.isfinite(r) else RATIO_CAP
+
+
+def _probabilistic_stats(metrics) -> dict:
+    """The opt-in probabilistic check's results for one backend's comparisons (empty when it
+    was not computed): worst prob err/bound, worst FlashAttention-style ratio, suspicious."""
+    probs = [m for m in metrics if m.prob_ratio is not None]
+    if not probs:
+        return {}
+    fas = [m.fa_ratio for m in probs if m.fa_ratio is not None]
+    return {"prob_ratio": _capped(max(m.prob_ratio for m in probs)),
+            "fa_ratio": _capped(max(fas)) if fas else None,
+            "suspicious": any(m.suspicious for m in probs)}
+
+
+def _suspicious_events(rep) -> dict:
+    """``done`` event fields of the probabilistic check: its per-case false-alarm probability,
+    and for a suspicious case the comparisons and the case (report.Stats keeps them)."""
+    if rep.probabilistic is None:
+        return {}
+    sus = rep.suspicious
+    if not sus:
+        return {"probabilistic": rep.probabilistic}
+    return {"probabilistic": rep.probabilistic,
+            "suspicious": [{"backend": c.lhs, "output": c.output,
+                            "prob_ratio": _capped(c.metrics.prob_ratio),
+                            "fa_ratio": (None if c.metrics.fa_ratio is None
+                                         else _capped(c.metrics.fa_ratio)),
+                            "detail": c.metrics.summary(),
+                            "repro": rep.repro(c.lhs)} for c in sus],
+            "case": rep.case}
 
 
 class Worker:
@@ -241,6 +288,8 @@ class Worker:
             # a thread while the current one runs (torch's generators and copies, and
             # numpy's large array operations, release the GIL).
             best = [0.0, 0.0]
+            case = _turn_case(spec0, case, names, self.device, self.cfg.get("size", "ci"),
+                              dtype)
             variants = _seed_variants(case, n_variants)
             ahead = None
             try:
@@ -285,7 +334,7 @@ class Worker:
             timings = dict(getattr(rep, "timings", None) or stage_times)
             self.events.emit("done", op=op, verdict=rep.verdict, ratio=ratio,
                              backends=_backend_stats(rep), timings=timings, t_total=t_total,
-                             t_gen=t_gen)
+                             t_gen=t_gen, **_suspicious_events(rep))
             self.last_end = time.perf_counter()
             if rep.errors and self.device == "cuda":
                 self._check_device()

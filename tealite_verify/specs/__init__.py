@@ -35,6 +35,12 @@ class Expected:
     # check_pair(outputs x, outputs y, numerics x, numerics y) -> Metrics.
     check: Callable[[dict, Mapping[str, Any]], Any] | None = None
     check_pair: Callable[[dict, dict, Mapping[str, Any], Mapping[str, Any]], Any] | None = None
+    # Opt-in probabilistic check (tolerance_prob.py), computed only when asked for:
+    # prob_bound(numerics, per-case false-alarm probability) -> per-element bound, and
+    # same_precision() -> the plain torch computation in the inputs' precision (float64
+    # values), for the FlashAttention-style ratio.
+    prob_bound: Callable[[Mapping[str, Any], float], Any] | None = None
+    same_precision: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,9 @@ class OpSpec:
     # device and return tensors there, and the comparison runs on the device too.  Otherwise
     # (and off the GPU) they get numpy arrays.
     device_reference: bool = False
+    # The coverage matrix: the cells (tealite_verify.coverage.Cell) the suite's drawn cases
+    # must exercise for each (backend, dtype) where the backend accepts such a case.
+    coverage: tuple = ()
 
 
 SIZES = ("ci", "local", "large")

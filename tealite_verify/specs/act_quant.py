@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.activations import GATED, KINDS
+from tealite_verify import coverage as cov
 from tealite_verify.specs import OpSpec, register
 from tealite_verify.specs import activations as act_spec
-from tealite_verify.specs.norm_quant import (draw_recipe_and_outputs, fit_to_recipe,
+from tealite_verify.specs.norm_quant import (FUSED_KINDS, draw_recipe_and_outputs, fit_to_recipe,
                                              output_flags, quantized_expected,
                                              quantized_outputs, scale_input)
 from tealite_verify.strategies.choices import pick
@@ -80,4 +81,7 @@ _AITER_SMOKE = (
 
 register(OpSpec(name="act_fwd_quantize", family="fused", cases=cases, make_inputs=make_inputs,
                 call=call, reference=reference,
-                smoke_cases=tuple(_smoke(i, k) for i, k in enumerate(KINDS)) + _AITER_SMOKE))
+                smoke_cases=tuple(_smoke(i, k) for i, k in enumerate(KINDS)) + _AITER_SMOKE,
+                coverage=(cov.recipe_cells("recipe", FUSED_KINDS, aiter_rule=True,
+                                     granularities=("row",))
+                          + cov.layout_cells("kind", KINDS) + cov.edge_cells(cov.FINITE_EDGES))))

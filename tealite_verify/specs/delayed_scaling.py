@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import tealite
 from tealite import recipes as R
 from tealite.formats import FP8_FORMATS
+from tealite_verify import coverage as cov
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
@@ -59,6 +60,9 @@ def reference(inputs, case):
 register(OpSpec(
     name="delayed_scaling_update", family="quantize", cases=cases, make_inputs=make_inputs,
     call=call, reference=reference, dtypes=("float32",),
+    coverage=(cov.layout_cells("fmt", FP8_FORMATS) + cov.layout_cells("algo", ("max", "most_recent"))
+              + cov.layout_cells("newest", ("drawn", "zero", "nan", "inf"))
+              + cov.edge_cells((cov.ONE_ELEMENT, cov.MAX_LAST, cov.ZERO_BLOCK))),
     smoke_cases=tuple(
         {"history_len": h, "fmt": f, "margin": m, "algo": a, "newest": n, "scale": 2.0,
          "dist": {"kind": "wide", "log2_lo": -12, "log2_hi": 6}, "seed": 4}

@@ -1,12 +1,17 @@
 """Spec for ``tealite.gemm``: every layout, dtype, out dtype, bias / GELU / alpha / beta."""
 from __future__ import annotations
 
+import functools
+
+import torch
 from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.gemm import LAYOUTS
-from tealite_verify import tolerance
+from tealite_verify import coverage as cov
+from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import gemm as ref
+from tealite_verify.references import _device as reference_device
 from tealite_verify.references._device import namespace
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
@@ -90,23 +95,59 @@ def reference(x, case):
 
     in_dt = dtype_of(case["dtype"])
 
-    def bounds(numerics):
-        floor = numerics.get("alignment_floor")
+    @functools.cache  # one set of products per declaration, whichever outputs and bounds ask
+    def magnitudes(floor, may_flush):
         mag = p_abs if floor is None else ref.product(
             tolerance.aligned_magnitude(a, floor), tolerance.aligned_magnitude(b, floor), layout)
         flushed = None
-        if numerics.get("subnormal_inputs") == "may_flush":
+        if may_flush:
             flushed = p_abs - ref.product(tolerance.normal_magnitude(a, in_dt),
                                           tolerance.normal_magnitude(b, in_dt), layout)
-        return tolerance.gemm_tolerances(mag, p, pre, case["k"], out_dt, numerics,
-                                         alpha=alpha, epilogue_abs=epilogue_abs,
-                                         gelu_out=out if case["gelu"] else None,
-                                         flushed_abs=flushed)
+        return mag, flushed
 
-    expected = {"out": Expected(out, out_dt, "gemm", lambda num: bounds(num)["out"])}
+    def bounds(numerics, tolerances=tolerance.gemm_tolerances):
+        mag, flushed = magnitudes(numerics.get("alignment_floor"),
+                                  numerics.get("subnormal_inputs") == "may_flush")
+        return tolerances(mag, p, pre, case["k"], out_dt, numerics,
+                          alpha=alpha, epilogue_abs=epilogue_abs,
+                          gelu_out=out if case["gelu"] else None, flushed_abs=flushed)
+
+    def prob_bounds(numerics, p_case):  # opt-in: gamma_K -> Higham-Mary's gamma~_K
+        return bounds(numerics, functools.partial(tolerance_prob.gemm_prob_tolerances,
+                                                  p_case=p_case))
+
+    baseline = functools.cache(lambda: same_precision(x, case))
+    expected = {"out": Expected(out, out_dt, "gemm", lambda num: bounds(num)["out"],
+                                prob_bound=lambda num, pc: prob_bounds(num, pc)["out"],
+                                same_precision=lambda: baseline()[0])}
     if case["gelu"]:
-        expected["pre_gelu"] = Expected(pre, out_dt, "gemm", lambda num: bounds(num)["pre"])
+        expected["pre_gelu"] = Expected(pre, out_dt, "gemm", lambda num: bounds(num)["pre"],
+                                        prob_bound=lambda num, pc: prob_bounds(num, pc)["pre"],
+                                        same_precision=lambda: baseline()[1])
     return expected
+
+
+def same_precision(x, case):
+    """(out, pre_gelu) of the plain torch computation in the inputs' precision, as float64:
+    torch.matmul in the input dtype, the epilogue in fp32, rounded to the out dtype (what the
+    torch backend does, so its FlashAttention-style ratio is 1 by construction).  ``x``: the
+    reference's float64 view of the inputs, whose values are exact in the input dtype.  Runs
+    on the case's device (the reference device; the CPU off the GPU), as the backend did."""
+    dt, out_dt = dtype_of(case["dtype"]), dtype_of(case["out_dtype"])
+    device = reference_device.current() or "cpu"
+
+    def t(v, d):
+        return (v if isinstance(v, torch.Tensor) else torch.from_numpy(v)).to(device, d)
+
+    op_b, op_a = ref.operands(t(x["a"], dt), t(x["b"], dt), case["layout"])
+    acc = torch.matmul(op_b, op_a)
+    pre = acc.float() * case["alpha"]
+    if case["beta"] != 0.0:
+        pre = pre + case["beta"] * t(x["out"], out_dt).float()
+    if case["bias"]:
+        pre = pre + t(x["bias"], dt).float()
+    y = torch.nn.functional.gelu(pre) if case["gelu"] else pre
+    return y.to(out_dt).double().cpu(), pre.to(out_dt).double().cpu()
 
 
 def make_case(layout, dtype, m, n, k, **kw):
@@ -122,6 +163,9 @@ def make_case(layout, dtype, m, n, k, **kw):
 SPEC = register(OpSpec(
     name="gemm", family="gemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference, device_reference=True,
+    coverage=(cov.layout_cells("layout", LAYOUTS) + cov.layout_cells("bias", (True, False))
+              + cov.layout_cells("gelu", (True, False))
+              + cov.edge_cells(cov.FLOAT_EDGES + (cov.SQUARE,))),
     smoke_cases=(
         make_case("TN", "bfloat16", 29, 29, 541),
         make_case("NN", "float16", 71, 33, 71, bias=True, gelu=True),

@@ -23,6 +23,7 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite_verify import coverage as cov
 from tealite_verify.references import fused as fref
 from tealite_verify import tolerance as tol
 from tealite_verify.specs import Expected, OpSpec, register
@@ -217,4 +218,8 @@ for _name, _rms in (("layernorm_fwd_quantize", False), ("rmsnorm_fwd_quantize", 
         call=lambda inputs, case, backend, _rms=_rms: call(inputs, case, backend, rms=_rms),
         reference=lambda x, case, _rms=_rms: reference(x, case, rms=_rms),
         smoke_cases=tuple(c if not _rms else {k: v for k, v in c.items() if k != "offset"}
-                          for c in SMOKE)))
+                          for c in SMOKE),
+        coverage=(cov.recipe_cells("recipe", FUSED_KINDS, aiter_rule=True,
+                                     granularities=("row",))
+                  + cov.layout_cells("zero_centered_gamma", (True, False))
+                  + cov.edge_cells(cov.FINITE_EDGES))))

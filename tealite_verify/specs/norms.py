@@ -13,6 +13,7 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite_verify import coverage as cov
 from tealite_verify import tolerance as tol
 from tealite_verify.references import norms as ref
 from tealite_verify.references._device import namespace
@@ -261,6 +262,9 @@ _SMOKE = (_smoke([5, 4, 160], "bfloat16"), _smoke([217, 256], "float16",
                                                   zero_centered_gamma=True),
           _smoke([0, 128], "float32"), _smoke([3, 1481], "float32", weight_dtype="float32"))
 
+_COVERAGE = (cov.layout_cells("zero_centered_gamma", (True, False))
+             + cov.layout_cells("weight_dtype", ("float32",)) + cov.edge_cells(cov.FLOAT_EDGES))
+
 for _name, _rms, _bwd, _ref, _call in (
         ("layernorm_fwd", False, False, ln_fwd_reference, ln_fwd_call),
         ("layernorm_bwd", False, True, ln_bwd_reference, ln_bwd_call),
@@ -275,4 +279,5 @@ for _name, _rms, _bwd, _ref, _call in (
 
     register(OpSpec(name=_name, family="norms", cases=_cases, make_inputs=_make, call=_call,
                     reference=_ref, device_reference=True,
-                    smoke_cases=tuple(dict(c, offset=0.0) if not _rms else c for c in _SMOKE)))
+                    smoke_cases=tuple(dict(c, offset=0.0) if not _rms else c for c in _SMOKE),
+                    coverage=_COVERAGE))

@@ -11,7 +11,8 @@ import tealite
 from tealite.formats import get_format
 from tealite.ops.gemm import LAYOUTS
 from tealite.ops.quantize import QuantizedTensor
-from tealite_verify import tolerance
+from tealite_verify import coverage as cov
+from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import qgemm as ref
 from tealite_verify.references import quantize as qref
 from tealite_verify.specs import Expected, OpSpec, register
@@ -124,14 +125,96 @@ def reference(inputs, case):
     out = ref.qgemm(a_deq, b_deq, bias)
     p = ref.qgemm(a_deq, b_deq)
     p_abs = ref.qgemm(np.abs(a_deq), np.abs(b_deq))
+    aligned = _AlignedMagnitude(a_k, b_k, case["recipe_a"], case["recipe_b"], p_abs)
     epi = np.abs(bias)[None, :] * np.ones_like(p) if bias is not None else np.zeros_like(p)
     out_dt = dtype_of(case["out_dtype"])
 
     def bound(numerics):
-        return tolerance.gemm_tolerances(p_abs, p, out, case["k"], out_dt, numerics,
+        mag = aligned() if numerics.get("alignment_floor") == tolerance.FP8_CODE_ALIGNMENT \
+            else p_abs
+        return tolerance.gemm_tolerances(mag, p, out, case["k"], out_dt, numerics,
                                          alpha=1.0, epilogue_abs=epi)["out"]
 
-    return {"out": Expected(out, out_dt, "gemm", bound)}
+    def prob_bound(numerics, p_case):  # opt-in: gamma_K -> Higham-Mary's gamma~_K
+        return tolerance_prob.gemm_prob_tolerances(p_abs, p, out, case["k"], out_dt, numerics,
+                                                   p_case, alpha=1.0, epilogue_abs=epi)["out"]
+
+    return {"out": Expected(out, out_dt, "gemm", bound, prob_bound=prob_bound,
+                            same_precision=lambda: same_precision(a_deq, b_deq, bias, out_dt))}
+
+
+class _AlignedMagnitude:
+    """The magnitude a Hopper FP8 MMA's error scales with, for backends declaring
+    ``alignment_floor`` = tolerance.FP8_CODE_ALIGNMENT (computed on first use).
+
+    Measured on an H200 (tests/test_fp8_mma_accumulator.py): every product is cut toward zero
+    at 2^(E - 13), E the largest *nominal* exponent in the sum, and a subnormal code counts at
+    its format's smallest normal exponent.  So the error of a K-term sum is at most K 2^-13
+    max(sum |p_k|, max_k |p_k|') where |p_k|' lifts a subnormal code to twice the smallest
+    normal (tolerance.aligned_magnitude): the usual gamma_K bound applied to max(|B||A|^T,
+    L), L[m, n] = max_k |b_k|' |a_k|'.  Only products with a subnormal code can make L exceed
+    |B||A|^T, so L is taken over those (a max over K per element, computed in K chunks)."""
+
+    def __init__(self, a_k, b_k, ra: dict, rb: dict, p_abs: np.ndarray):
+        self._args, self._value = (a_k, b_k, ra, rb, p_abs), None
+
+    def __call__(self) -> np.ndarray:
+        if self._value is None:
+            a_k, b_k, ra, rb, p_abs = self._args
+            (a, sub_a), (b, sub_b) = _lifted(a_k, ra), _lifted(b_k, rb)
+            self._value = p_abs
+            if sub_a.any() or sub_b.any():
+                lifted = np.maximum(_max_products(b, a * sub_a), _max_products(b * sub_b, a))
+                self._value = np.maximum(p_abs, lifted)
+        return self._value
+
+
+def _lifted(x_k: np.ndarray, r: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(|value| with subnormal codes lifted to twice the smallest normal, which codes were
+    subnormal) of a K-last operand; e2m1 goes through no FP8 MMA: nothing lifted."""
+    bits, scales = quantize_k_last(x_k, r)
+    if r["fmt"] == "e2m1":
+        plain = np.abs(dequantize_k_last(bits, scales, r))
+        return plain, np.zeros(plain.shape, bool)
+    mant = (1 << get_format(r["fmt"]).mbits) - 1
+    sub = ((bits & (0x7F & ~mant)) == 0) & ((bits & mant) != 0)
+    # Exponent field 2, mantissa 0: twice the smallest normal (tolerance.aligned_magnitude).
+    lifted_bits = np.where(sub, np.uint8((mant + 1) * 2), bits & 0x7F).astype(np.uint8)
+    return np.abs(dequantize_k_last(lifted_bits, scales, r)), sub
+
+
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def _max_products(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """out[m, n] = max_k b[m, k] a[n, k] for nonnegative b (M, K), a (N, K), in K chunks of at
+    most 2^24 products (torch, on the reference device when there is one)."""
+    from tealite_verify.references import _device as reference_device
+    device = reference_device.current() or "cpu"
+    bt, at = torch.from_numpy(b).to(device), torch.from_numpy(a).to(device)
+    m, n, k = bt.shape[0], at.shape[0], bt.shape[1]
+    out = torch.zeros((m, n), dtype=torch.float64, device=device)
+    step = max(1, _CHUNK_ELEMENTS // max(1, m * n))
+    for k0 in range(0, k, step):
+        prod = bt[:, None, k0:k0 + step] * at[None, :, k0:k0 + step]
+        out = torch.maximum(out, prod.amax(dim=-1))
+    return out.cpu().numpy()
+
+
+def same_precision(a_deq, b_deq, bias, out_dt):
+    """The plain torch computation in fp32 (what torch can multiply; FP8 codes it cannot): the
+    operands dequantized to fp32 (one rounding of code x scale), an fp32 matmul, the bias in
+    fp32, rounded to ``out_dt``; float64 values.  The torch backend does exactly this, so its
+    FlashAttention-style ratio is 1 by construction.  On the case's device (the reference
+    device; the CPU off the GPU), as the backend ran."""
+    from tealite_verify.references import _device as reference_device
+    device = reference_device.current() or "cpu"
+    a = torch.from_numpy(np.asarray(a_deq, dtype=np.float32)).to(device)
+    b = torch.from_numpy(np.asarray(b_deq, dtype=np.float32)).to(device)
+    y = b @ a.t()
+    if bias is not None:
+        y = y + torch.from_numpy(np.asarray(bias)).to(device, out_dt).float()
+    return y.to(out_dt).double().cpu()
 
 
 def _smoke(ra, rb, layout, m, n, k, **kw):
@@ -154,6 +237,16 @@ _BLK = {"kind": "block", "fmt": "e4m3", "block": [128, 128], "force_pow2_scales"
 register(OpSpec(
     name="qgemm", family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference,
+    coverage=(cov.recipe_cells("recipe_a", ("delayed", "current", "block", "mx"))
+              # b holds the activations: 1x128 blocks only (the op's contract, as TE's).
+              + cov.recipe_cells("recipe_b", ("delayed", "current", "block", "mx"),
+                                 blocks=((1, 128),))
+              + cov.layout_cells("layout", LAYOUTS) + cov.layout_cells("bias", (True, False))
+              + cov.edge_cells(cov.FINITE_EDGES + (cov.SQUARE,))
+              # Per-row / block A operands in every layout: a transposed or mis-strided
+              # operand shows only where the scales' axis matters.
+              + cov.product_cells(cov.family_cells("recipe_a", cov.FAMILIES),
+                                  cov.layout_cells("layout", LAYOUTS))),
     smoke_cases=(
         _smoke(_CUR, _CUR, "TN", 29, 48, 257),
         _smoke(_ROW, _CUR, "NN", 33, 17, 96, bias=True),

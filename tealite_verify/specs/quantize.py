@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 import tealite
 from tealite.formats import get_format
 from tealite.ops.quantize import QuantizedTensor
+from tealite_verify import coverage as cov
 from tealite_verify import tolerance, tolerance_quant
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
@@ -461,11 +462,18 @@ SMOKE = (
      "dist": {"kind": "normal", "scale": 1.0}, "seed": 9},
 )
 
+_RECIPE_CELLS = cov.recipe_cells("recipe", ("delayed", "current", "block", "mx"),
+                                  aiter_rule=True)
 register(OpSpec(name="quantize", family="quantize", cases=cases, make_inputs=make_inputs,
-                call=call, reference=reference, smoke_cases=SMOKE))
+                call=call, reference=reference, smoke_cases=SMOKE,
+                coverage=_RECIPE_CELLS + cov.direction_cells() + cov.edge_cells(cov.QUANT_EDGES)
+                + cov.product_cells(cov.family_cells("recipe", cov.FAMILIES),
+                                    cov.direction_cells())))
 register(OpSpec(name="dequantize", family="quantize", cases=dq_cases,
                 make_inputs=dq_make_inputs, call=dq_call, reference=dq_reference,
-                smoke_cases=tuple(dict(c, rowwise=True, columnwise=False) for c in SMOKE)))
+                smoke_cases=tuple(dict(c, rowwise=True, columnwise=False) for c in SMOKE),
+                coverage=_RECIPE_CELLS + cov.edge_cells(cov.SHAPE_EDGES + (
+                    cov.TIES, cov.NONFINITE, cov.ZERO_BLOCK, cov.OVERFLOW))))
 register(OpSpec(
     name="amax", family="quantize",
     cases=lambda dtype=None, size="ci": st.fixed_dictionaries({
@@ -481,4 +489,5 @@ register(OpSpec(
     smoke_cases=({"shape": [3, 0], "dtype": "float32", "seed": 1,
                   "dist": {"kind": "normal", "scale": 1.0}},
                  {"shape": [7, 33], "dtype": "bfloat16", "seed": 2,
-                  "dist": {"kind": "wide", "log2_lo": -12, "log2_hi": 12}})))
+                  "dist": {"kind": "wide", "log2_lo": -12, "log2_hi": 12}}),
+    coverage=cov.edge_cells(cov.FLOAT_EDGES + (cov.NONFINITE,))))

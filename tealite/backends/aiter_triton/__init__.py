@@ -36,7 +36,8 @@ def _probe() -> str | None:
     if why is not None:
         return why
     if INTERPRET:
-        return None
+        from tealite.backends._triton_interpreter import runtime_loop_gap
+        return runtime_loop_gap()
     import torch
     if not torch.cuda.is_available():
         return "no GPU (set TRITON_INTERPRET=1 to run AITER's kernels in Triton's interpreter)"

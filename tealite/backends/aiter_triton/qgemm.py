@@ -94,9 +94,11 @@ from tealite.formats import get_format
 from tealite.ops import layouts
 
 _OUT = (torch.float32, torch.bfloat16, torch.float16)
-# Hopper FP8 WGMMA keeps ~14 mantissa bits between promotions (DeepSeek-V3 report; tealite's
+# Hopper FP8 MMA: products cut toward zero at 2^(E - 13), subnormal codes aligned at the
+# smallest normal exponent (measured on an H200, tests/test_fp8_mma_accumulator.py; tealite's
 # triton and scaled_mm backends declare the same).
-_FP8_MMA_U = 2.0 ** -14
+_FP8_MMA_U = 2.0 ** -13
+_FP8_CODE_ALIGNMENT = "fp8_codes"  # tealite_verify.tolerance.FP8_CODE_ALIGNMENT
 
 
 # ---- routing ----------------------------------------------------------------------------------
@@ -245,6 +247,8 @@ def _numerics(p) -> dict:
         num["partial_sums_rounded_to"] = p["out_dtype"]
     if not nvidia(p) or k == 0:
         return num  # AMD MFMA / the interpreter's numpy dots: fp32 round-to-nearest sums
+    if entry in (A8W8, A8W8_PER_TOKEN, A8W8_BLOCK):
+        num["alignment_floor"] = _FP8_CODE_ALIGNMENT
     if entry in (A8W8, A8W8_PER_TOKEN):
         num["accumulator_unit_roundoff"] = _FP8_MMA_U  # all of K in the WGMMA accumulator
     elif entry == A8W8_BLOCK:

@@ -12,9 +12,13 @@ from __future__ import annotations
 import torch
 
 from tealite import recipes as R
-from tealite.backends.scaled_mm import BACKEND
+from tealite.backends.scaled_mm import BACKEND, probes
 
 _ALIGN = 16
+FP8_MMA_UNIT_ROUNDOFF = 2.0 ** -13  # Hopper FP8 tensor cores: see _numerics
+# The value of the ``alignment_floor`` numerics key for an FP8 MMA that aligns subnormal codes
+# at the smallest normal exponent (tealite_verify.tolerance.FP8_CODE_ALIGNMENT reads it).
+FP8_CODE_ALIGNMENT = "fp8_codes"
 
 
 def _is_rowwise(recipe) -> bool:
@@ -39,15 +43,25 @@ def _why_not(params) -> str | None:
                                                    or params["bias"]):
         return ("rowwise scales need a bfloat16 result on CUDA (and a bias needs an fp32 one "
                 "to be added with a single rounding)")
-    return None
+    # What the device's _scaled_mm runs is probed, not assumed (oneDNN's FP8 matmul on the
+    # CPU depends on the instruction set): the dtype asked of it is fp32 when a bias follows.
+    mm_dtype = torch.float32 if params["bias"] else params["out_dtype"]
+    return probes.why_not(params["fmt_b"], params["fmt_a"], mm_dtype, rowwise,
+                          params["device"])
 
 
 def _numerics(params) -> dict:
     numerics = {"compute_dtype": torch.float32}
     if params["device"] == "cuda" and torch.version.hip is None:
-        # Hopper FP8 WGMMA keeps ~14 mantissa bits in its accumulator between promotions
-        # (DeepSeek-V3 report); model the whole sum at that precision.
-        numerics["accumulator_unit_roundoff"] = 2.0 ** -14
+        # Hopper FP8 MMA cuts each product toward zero to a multiple of 2^(E - 13), E the
+        # largest nominal exponent (e_a + e_b) among the products and the running sum
+        # (measured on an H200: 1 + 1.75 * 2^-13 -> 1 + 2^-13, 1 + 31 * 2^-15 -> 1;
+        # tests/test_fp8_mma_accumulator.py): up to one unit of 2^-13 lost per product, so
+        # u = 2^-13 over the whole sum (2^-14, "~14 bits" from the DeepSeek-V3 report, gave
+        # 3 false alarms in a 2.5-minute H200 campaign).  A subnormal code counts at its
+        # format's smallest normal exponent: declared as the qgemm tier's FP8 code alignment.
+        numerics["accumulator_unit_roundoff"] = FP8_MMA_UNIT_ROUNDOFF
+        numerics["alignment_floor"] = FP8_CODE_ALIGNMENT
     return numerics
 
 

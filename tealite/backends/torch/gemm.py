@@ -17,7 +17,10 @@ def _numerics(params) -> dict:
         # torch.matmul returns the fp32 accumulator rounded to the input dtype; the epilogue
         # then runs in fp32 on that rounded value.
         numerics["accumulator_rounded_to"] = dtype
-    if matmul_flushes_subnormal_inputs(dtype, str(params["device"])):
+    # A device this machine lacks cannot be probed (nor run): `list` still shows its other,
+    # configuration-dependent declarations.
+    present = params["device"] != "cuda" or torch.cuda.is_available()
+    if present and matmul_flushes_subnormal_inputs(dtype, str(params["device"])):
         # Probed, not assumed (probes.py): oneDNN's bf16 kernels on AVX512-BF16 / AMX CPUs
         # treat subnormal operands as zero; the kernel choice depends on the shape, so "may".
         numerics["subnormal_inputs"] = "may_flush"

@@ -22,7 +22,8 @@ def _probe() -> str | None:
     if not HAVE_TRITON:
         return "triton is not installed"
     if INTERPRET:
-        return None
+        from tealite.backends._triton_interpreter import runtime_loop_gap
+        return runtime_loop_gap()
     import torch
     if not torch.cuda.is_available():
         return "no GPU (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"

@@ -73,9 +73,12 @@ _BLOCK_SCALE_K = 128
 _MX_SCALE_K = 32
 _E8M0_BIAS = 127  # OCP MX: scale = 2^(byte - 127)
 _E2M1_EVEN_IN_LOW_NIBBLE = True  # TE and AITER pack element 2i in bits 0-3 of byte i
-# Hopper FP8 WGMMA keeps ~14 mantissa bits in its accumulator between promotions (DeepSeek-V3
-# report; the scaled_mm backend declares the same).
-_FP8_MMA_UNIT_ROUNDOFF = 2.0**-14
+# Hopper FP8 MMA cuts each product toward zero to a multiple of 2^(E - 13), E the largest
+# nominal exponent in the sum, a subnormal code counted at its format's smallest normal
+# exponent (measured on an H200: tests/test_fp8_mma_accumulator.py; the scaled_mm backend
+# declares the same).
+_FP8_MMA_UNIT_ROUNDOFF = 2.0**-13
+_FP8_CODE_ALIGNMENT = "fp8_codes"  # tealite_verify.tolerance.FP8_CODE_ALIGNMENT
 
 
 # ---- per-block partial products: FP8 per-tensor / per-row / block, and MX's exact fallback -----
@@ -478,7 +481,7 @@ def _numerics(params) -> dict:
     if kind != "mx" and dot_fp8(params["fmt_a"], params["fmt_b"], torch.device("cuda")):
         if kind == "fp8":
             # acc is the WGMMA accumulator over all of K (Triton's sm_90 default never promotes
-            # FP8 dot partial sums), so model the whole sum at ~14 bits, as scaled_mm does.
+            # FP8 dot partial sums), so model the whole sum at 2^-13, as scaled_mm does.
             numerics["accumulator_unit_roundoff"] = _FP8_MMA_UNIT_ROUNDOFF
         else:
             # A fresh dot per scale block: at most min(K, scale block) terms summed at ~14 bits,
@@ -487,6 +490,7 @@ def _numerics(params) -> dict:
             inner = min(k, _scale_k(kind))
             u = (_gamma(inner, _FP8_MMA_UNIT_ROUNDOFF) + _gamma(k, 2.0**-24)) / k
             numerics["accumulator_unit_roundoff"] = max(u, 2.0**-24)
+        numerics["alignment_floor"] = _FP8_CODE_ALIGNMENT
     else:
         # bf16 tensor-core dots (MX, decoded FP8) accumulate with truncation (measured on an
         # H100, tealite.backends.triton.gemm._TENSOR_CORE_U): u = 2^-23 over every sum, which
