@@ -24,8 +24,6 @@ import signal
 import subprocess
 import sys
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hypothesis_seed
 
 from tealite import registry
 from tealite_verify import coverage, profiles, suite
@@ -152,20 +150,8 @@ def _recipes_table() -> str:
 
 
 def drawn_cases(spec, n: int, size: str, seed: int) -> list[dict]:
-    """``n`` cases from the spec's strategy, reproducible from ``seed``."""
-    cases: list[dict] = []
-    if n <= 0:
-        return cases
-
-    @hypothesis_seed(seed)
-    @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(case=spec.cases(None, size))
-    def collect(case):
-        cases.append(case)
-
-    collect()
-    return cases
+    """``n`` cases from the spec's strategy (any dtype), reproducible from ``seed``."""
+    return suite.draw_cases(spec, None, n, size, seed)
 
 
 def _select_backends(args) -> list[str] | None:
@@ -270,8 +256,8 @@ def cmd_run(args) -> int:
         rows.append([op, len(cases), counts["pass"], counts["fail"], counts["skip"],
                      f"{worst:.3f}", f"{got}/{total}"])
     print(_table(rows, ["op", "cases", "pass", "fail", "skip", "worst err/tol", "cells"]))
-    print(f"cells: coverage-matrix cells the cases that ran exercised, over every backend; "
-          f"per backend and dtype: python -m tealite_verify list --coverage")
+    print("cells: coverage-matrix cells the cases that ran exercised, over every backend; "
+          "per backend and dtype: python -m tealite_verify list --coverage")
     ran = sorted({o.backend for r in reports for o in r.outcomes.values() if o.status == "ok"})
     print(f"device {args.device}; backends that ran: {', '.join(ran) or 'none'}; "
           f"{failed} failing case(s)")
