@@ -27,18 +27,14 @@ import sys
 
 from tealite import registry
 from tealite_verify import coverage, profiles, suite
+from tealite_verify.tables import table
 from tealite_verify.gate import cli as gate_cli
 from tealite_verify.mutate import cli as mutate_cli
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import SIZES, all_specs, get_spec
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    lines = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
-    lines += [fmt.format(*[str(c) for c in r]) for r in rows]
-    return "\n".join(lines)
+_table = table  # the name the subcommand modules used
 
 
 def cmd_list(args) -> int:

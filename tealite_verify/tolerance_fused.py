@@ -519,28 +519,3 @@ class FusedQuantJudge:
         if isinstance(amax, str):
             return malformed(amax)
         return check_amax(amax, *self._amax_interval(numerics))
-
-    def expected(self, reference: dict) -> dict:
-        """Spec entries (tealite_verify.specs.Expected) for data, scale_inv and amax;
-        ``reference`` is references.fused.quantize_rows of round32(y_ref) (the e = 0 answer)."""
-        from tealite_verify.specs import Expected
-
-        def pair(check):
-            return lambda ox, oy, nx, ny: combine_pair(check(ox, nx), check(oy, ny))
-
-        mx = self.recipe["kind"] == "mx"
-        bits = reference["bits"]
-        if get_format(self.recipe["fmt"]).packed:
-            bits = qref.pack_e2m1(bits)
-        out = {"data": Expected(bits, torch.uint8, TIER, check=self.check_data,
-                                check_pair=pair(self.check_data)),
-               "scale_inv": Expected(reference["scale_inv"], torch.uint8 if mx else torch.float32,
-                                     "e8m0-interval" if mx else
-                                     "scale-interval" if self.aiter_rule else "exact",
-                                     check=self.check_scale_inv,
-                                     check_pair=pair(self.check_scale_inv))}
-        if not mx:
-            out["amax"] = Expected(reference["amax"], torch.float32,
-                                   "absent" if self.aiter_rule else "amax-interval",
-                                   check=self.check_amax, check_pair=pair(self.check_amax))
-        return out

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 
 from tealite import registry
-from tealite_verify.cli import drawn_cases
+from tealite_verify.suite import draw_cases
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import OpSpec
 
@@ -179,7 +179,7 @@ def select(specs: dict[str, OpSpec], backend: str, *, peers: list[str], device: 
         n_op = 0
         seen: set[str] = set()
         first_per_entry: dict[str, dict] = {}
-        for case in list(spec.smoke_cases) + drawn_cases(spec, draws, size, seed):
+        for case in list(spec.smoke_cases) + draw_cases(spec, None, draws, size, seed):
             if n_op >= per_op:
                 break
             text = json.dumps(case, sort_keys=True)

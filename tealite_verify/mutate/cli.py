@@ -99,7 +99,7 @@ def run(args) -> int:
 
 
 def _list(chosen) -> int:
-    from tealite_verify.cli import _table
+    from tealite_verify.tables import table as _table
     rows = [[m.name, m.op, m.kind, "yes" if m.must_kill else "no",
              m.description + (f" [{m.why_not}]" if m.why_not else "")] for m in chosen]
     print(_table(rows, ["operator", "op", "kind", "must-kill", "description"]))
@@ -107,7 +107,7 @@ def _list(chosen) -> int:
 
 
 def _score(args, chosen) -> int:
-    from tealite_verify.cli import _table
+    from tealite_verify.tables import table as _table
     from tealite_verify.mutate import report
     from tealite_verify.mutate.runner import Plan, must_kill_survivors, score
 
@@ -137,7 +137,7 @@ def _score(args, chosen) -> int:
 
 
 def _thresholds(args, ops) -> int:
-    from tealite_verify.cli import _table
+    from tealite_verify.tables import table as _table
     from tealite_verify.mutate import report
     from tealite_verify.mutate.thresholds import op_thresholds
     rows = []

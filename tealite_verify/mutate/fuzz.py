@@ -22,12 +22,29 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tealite import registry
 from tealite_verify.mutate import plugin
 from tealite_verify.mutate.base import Mutation
-from tealite_verify.mutate.runner import FuzzResult
+
+
+@dataclass
+class FuzzResult:
+    """One operator's fuzz campaign: whether and when it found the mutant."""
+
+    seconds: float            # the campaign's budget
+    killed: bool = False
+    time_to_finding_s: float | None = None  # from the JSON report (campaign start -> finding)
+    wall_s: float = 0.0       # the whole subprocess, startup included
+    cases: int = 0
+    finding: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
 
 FINDING_LINE = "[fuzz] finding"
 # After the budget: the fuzzer's shrink grace (at most 60 s), the case timeout (60 s) and its

@@ -22,6 +22,7 @@ import torch
 from tealite_verify import suite
 from tealite_verify.mutate import plugin
 from tealite_verify.mutate.base import Mutation
+from tealite_verify.mutate.fuzz import FuzzResult
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import get_spec
 
@@ -43,20 +44,6 @@ class SuiteResult:
     complete: bool = True     # False: stopped by the time budget
     first_kill: dict | None = None
     seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class FuzzResult:
-    seconds: float            # the campaign's budget
-    killed: bool = False
-    time_to_finding_s: float | None = None  # from the JSON report (campaign start -> finding)
-    wall_s: float = 0.0       # the whole subprocess, startup included
-    cases: int = 0
-    finding: str = ""
-    note: str = ""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

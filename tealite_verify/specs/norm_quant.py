@@ -23,15 +23,18 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite.formats import get_format
 from tealite_verify import coverage as cov
 from tealite_verify.references import fused as fref
+from tealite_verify.references import quantize as qref
 from tealite_verify import tolerance as tol
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs import norms as norm_spec
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, recipe_from_json,
                                                recipes)
-from tealite_verify.tolerance_fused import FusedQuantJudge
+from tealite_verify.tolerance_fused import TIER as FUSED_TIER
+from tealite_verify.tolerance_fused import FusedQuantJudge, combine_pair
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
 FUSED_KINDS = ("delayed", "current", "mx")
@@ -126,7 +129,32 @@ def quantized_expected(y_expected, recipe: dict, scale, *, amax_required: bool =
         return fref.as_rows(np.broadcast_to(y_expected.bound(numerics), y.shape))
 
     judge = FusedQuantJudge(rows, bound, recipe, scale, amax_required=amax_required)
-    return judge.expected(fref.quantize_rows(fref.round_to_f32(rows), recipe, scale))
+    return _judged_expected(judge, fref.quantize_rows(fref.round_to_f32(rows), recipe, scale))
+
+
+def _judged_expected(judge: FusedQuantJudge, reference: dict) -> dict:
+    """Expected entries for data, scale_inv and amax, each judged by ``judge``; ``reference``
+    is references.fused.quantize_rows of round32(y_ref) (the e = 0 answer)."""
+    def pair(check):
+        return lambda ox, oy, nx, ny: combine_pair(check(ox, nx), check(oy, ny))
+
+    r = judge.recipe
+    mx = r["kind"] == "mx"
+    bits = reference["bits"]
+    if get_format(r["fmt"]).packed:
+        bits = qref.pack_e2m1(bits)
+    out = {"data": Expected(bits, torch.uint8, FUSED_TIER, check=judge.check_data,
+                            check_pair=pair(judge.check_data)),
+           "scale_inv": Expected(reference["scale_inv"], torch.uint8 if mx else torch.float32,
+                                 "e8m0-interval" if mx else
+                                 "scale-interval" if judge.aiter_rule else "exact",
+                                 check=judge.check_scale_inv,
+                                 check_pair=pair(judge.check_scale_inv))}
+    if not mx:
+        out["amax"] = Expected(reference["amax"], torch.float32,
+                               "absent" if judge.aiter_rule else "amax-interval",
+                               check=judge.check_amax, check_pair=pair(judge.check_amax))
+    return out
 
 
 def optional(name: str, exp: Expected) -> Expected:

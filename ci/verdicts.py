@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Verdicts must not change (issue 14's constraint): record what the harness says about a fixed
+set of cases, and check later that it still says exactly that.
+
+    python ci/verdicts.py record OUT.json.gz [--seeds 0 1 2] [--examples N]
+    python ci/verdicts.py check BASELINE.json.gz [--report DIFF.json]
+
+``record`` takes, for each seed, every op's smoke cases plus N drawn cases (the `run` command's
+draw, ``cli.drawn_cases``) and the replayable case of every finding in ``findings/``, runs each
+on every backend available here, and stores the cases with each outcome's status and every
+comparison's metrics (timings left out).  ``check`` re-runs *the stored cases* (not a new draw:
+a refactor may change the strategies) and reports every difference in status, reason,
+declared numerics or metrics; exit 1 on any, 0 when identical.  The AITER gate has its own
+baseline and check: ``ci/aiter_gate.sh compare``.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _normalized(rep) -> dict:
+    d = rep.to_dict()
+    d.pop("timings", None)
+    d.pop("repro", None)
+    return json.loads(json.dumps(d, sort_keys=True, default=str))
+
+
+def _cases(seeds, examples: int) -> list[tuple[str, dict]]:
+    from tealite_verify.cli import drawn_cases
+    from tealite_verify.fuzz.findings import Corpus
+    from tealite_verify.specs import all_specs
+    out = []
+    for op, spec in all_specs().items():
+        out += [(op, c) for c in spec.smoke_cases]
+        for seed in seeds:
+            out += [(op, c) for c in drawn_cases(spec, examples, "ci", seed)]
+    out += [(f.op, f.case) for _, f in Corpus(ROOT / "findings").all()]
+    return out
+
+
+def _run(op: str, case: dict) -> dict:
+    from tealite_verify.runner import run_case
+    from tealite_verify.specs import get_spec
+    return _normalized(run_case(get_spec(op), case, probabilistic=None))
+
+
+def record(args) -> int:
+    from tealite_verify import profiles
+    profiles.load("ci")
+    cases = _cases(args.seeds, args.examples)
+    results = [{"op": op, "case": case, "report": _run(op, case)} for op, case in cases]
+    meta = {"triton_interpret": os.environ.get("TRITON_INTERPRET"), "seeds": args.seeds,
+            "examples": args.examples}
+    with gzip.open(args.out, "wt") as f:
+        json.dump({"meta": meta, "results": results}, f, sort_keys=True)
+    print(f"recorded {len(results)} cases in {args.out}")
+    return 0
+
+
+def _differences(old: dict, new: dict, path: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _differences(old.get(k), new.get(k), f"{path}.{k}")
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new))
+                for d in _differences(a, b, f"{path}[{i}]")]
+    if old == new or (isinstance(old, float) and isinstance(new, float)
+                      and old != old and new != new):  # NaN == NaN: the same verdict
+        return []
+    return [f"{path}: {old!r} -> {new!r}"]
+
+
+def check(args) -> int:
+    from tealite_verify import profiles
+    profiles.load("ci")
+    with gzip.open(args.baseline, "rt") as f:
+        base = json.load(f)
+    if base["meta"].get("triton_interpret") != os.environ.get("TRITON_INTERPRET"):
+        print("error: the baseline was recorded with TRITON_INTERPRET="
+              f"{base['meta'].get('triton_interpret')}: check under the same setting",
+              file=sys.stderr)
+        return 2
+    changed = []
+    for r in base["results"]:
+        diffs = _differences(r["report"], _run(r["op"], r["case"]))
+        if diffs:
+            changed.append({"op": r["op"], "case": r["case"], "differences": diffs[:20]})
+    if args.report:
+        Path(args.report).write_text(json.dumps(changed, indent=1))
+    for c in changed[:10]:
+        print(f"{c['op']} {json.dumps(c['case'], sort_keys=True)}\n  " +
+              "\n  ".join(c["differences"][:5]))
+    print(f"{len(changed)} of {len(base['results'])} cases changed")
+    return 1 if changed else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("out")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--examples", type=int, default=10)
+    c = sub.add_parser("check")
+    c.add_argument("baseline")
+    c.add_argument("--report", help="write every difference here (JSON)")
+    args = p.parse_args(argv)
+    return {"record": record, "check": check}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
