@@ -272,7 +272,7 @@ def edge_classes(case: Mapping, inputs: Mapping[str, Any]) -> set[str]:
         out.add(MISALIGNED)
     if isinstance(case.get("n"), int) and case.get("n") == case.get("k") and case["n"] > 1:
         out.add(SQUARE)
-    if _is_ties_dist(case):
+    if TIES in _dist_edges(case):  # exact ties are put there by construction, not found
         out.add(TIES)
     if not main.is_floating_point() or main.numel() == 0:
         return out
@@ -286,11 +286,6 @@ def edge_classes(case: Mapping, inputs: Mapping[str, Any]) -> set[str]:
     if _overflows(case, x):
         out.add(OVERFLOW)
     return out
-
-
-def _is_ties_dist(case: Mapping) -> bool:
-    return any(isinstance(v, Mapping) and v.get("kind") in ("quant_edges", "integers")
-               for k, v in case.items() if k.startswith("dist"))
 
 
 def _block_classes(x: torch.Tensor, dtype: torch.dtype) -> set[str]:
@@ -461,7 +456,10 @@ def described_edge(case: Mapping) -> str:
         return EMPTY
     if dims and all(d == 1 for d in dims):
         return ONE_ELEMENT
-    kinds = sorted({_DIST_EDGE[v["kind"]] for k, v in case.items()
-                    if k.startswith("dist") and isinstance(v, Mapping)
-                    and v.get("kind") in _DIST_EDGE})
-    return "+".join(kinds) or "ordinary"
+    return "+".join(sorted(_dist_edges(case))) or "ordinary"
+
+
+def _dist_edges(case: Mapping) -> set[str]:
+    """The edge classes the case's value distributions ask for (_DIST_EDGE)."""
+    return {_DIST_EDGE[v["kind"]] for k, v in case.items()
+            if k.startswith("dist") and isinstance(v, Mapping) and v.get("kind") in _DIST_EDGE}

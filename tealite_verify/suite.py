@@ -12,6 +12,7 @@ reason (``Plan.unreached``), never silently dropped.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -158,31 +159,37 @@ _ACCEPTED: dict[tuple[str, str, str, str, str], tuple[int, ...]] = {}
 
 
 def fit_for(spec: OpSpec, case: dict, backend: str, *, device: str = "cpu",
-            size: str = "ci", offset: int = 0, dtypes: tuple[str, ...] | None = None) -> dict:
-    """``case`` when ``backend`` accepts it; else the case moved into a coverage cell the
-    backend accepts, else a pool case it accepts (in the case's dtype, else in another of
-    ``dtypes``, default the spec's) carrying this draw's data (seed and value
-    distributions); ``case`` unchanged when the backend accepts none.  The fuzzer gives each
-    backend of a target its turn with this, so a backend that runs a narrow slice of the op
-    (AITER's kernels) gets runnable cases instead of skipping most draws."""
-    if admissible(spec, case, backend, device)[0] is not None:
-        return case
+            size: str = "ci", offset: int = 0, dtypes: tuple[str, ...] | None = None):
+    """(case, its inputs) with ``case`` itself when ``backend`` accepts it; else the case moved
+    into a coverage cell the backend accepts, else a pool case it accepts (in the case's
+    dtype, else in another of ``dtypes``, default the spec's) carrying this draw's seed (and
+    its value distributions within the same dtype); (case, None) when the backend accepts none.  The inputs are
+    the dry run's, so the caller need not build them again.  The fuzzer gives each backend of
+    a target its turn with this, so a backend that runs a narrow slice of the op (AITER's
+    kernels) gets runnable cases instead of skipping most draws."""
     cells = spec.coverage
-    for j in range(min(len(cells), TRIES)):
-        moved = coverage.force(case, cells[(offset + j) % len(cells)])
-        if moved is not None and admissible(spec, moved, backend, device)[0] is not None:
-            return moved
+    moves = (coverage.force(case, cells[(offset + j) % len(cells)])
+             for j in range(min(len(cells), TRIES)))
+    for candidate in itertools.chain([case], moves):
+        if candidate is not None:
+            inputs, _ = admissible(spec, candidate, backend, device)
+            if inputs is not None:
+                return candidate, inputs
     first = str(case.get("dtype", spec.dtypes[0]))
     for dtype in [first] + [d for d in (dtypes or spec.dtypes) if d != first]:
         accepted = _accepted(spec, dtype, size, backend, device)
         if accepted:
             break
     else:
-        return case
-    base = dict(_pool(spec, dtype, size)[accepted[offset % len(accepted)]])
-    data = {k: v for k, v in case.items() if k == "seed" or k.startswith("dist")}
-    moved = dict(base, **{k: v for k, v in data.items() if k in base})
-    return moved if admissible(spec, moved, backend, device)[0] is not None else base
+        return case, None
+    base = _pool(spec, dtype, size)[accepted[offset % len(accepted)]]
+    # The value distributions are drawn per dtype (an fp16 GEMM's are capped so that its sums
+    # stay in range): they travel only within the dtype, the seed always.
+    data = {k: v for k, v in case.items() if k in base and (
+        k == "seed" or (k.startswith("dist") and dtype == first))}
+    moved = dict(base, **data)
+    inputs, _ = admissible(spec, moved, backend, device)
+    return (moved, inputs) if inputs is not None else (dict(base), None)
 
 
 def _accepted(spec: OpSpec, dtype: str, size: str, backend: str, device: str) -> tuple:

@@ -104,3 +104,39 @@ def test_coverage_record_and_list(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     total = len(SPECS["amax"].coverage)
     assert f"2/{total}" in out and "edge=empty" in out
+
+
+def test_fit_for_gives_a_constrained_backend_a_runnable_case(make_backend):
+    b = make_backend("mxfp4_only")
+    torch_impl = registry.get_backend("torch").impls["quantize"]
+    b.implements("quantize", check=lambda p: None if getattr(p.get("recipe"), "fmt", "")
+                 == "e2m1" else "only MXFP4")(torch_impl.fn)
+    spec = SPECS["quantize"]
+    fp8 = next(c for c in suite.draw_cases(spec, "float32", 40, "ci", 3)
+               if c["recipe"]["fmt"] != "e2m1" and 0 not in coverage.dims_of(c))
+    fitted, inputs = suite.fit_for(spec, fp8, b.name)
+    assert fitted["recipe"]["fmt"] == "e2m1" and inputs is not None
+    assert suite.admissible(spec, fitted, b.name)[0] is not None
+    # The inputs are the fitted case's own (the fuzzer runs them without building again).
+    again = spec.make_inputs(fitted, "cpu")
+    assert all(torch.equal(inputs[k], again[k]) for k in again)
+    # A case the backend accepts comes back as is; one no backend accepts, with no inputs.
+    assert suite.fit_for(spec, fitted, b.name)[0] is fitted
+    assert suite.fit_for(spec, fp8, "no_such_backend") == (fp8, None)
+
+
+def test_fit_for_keeps_value_distributions_within_their_dtype(make_backend):
+    """A float32 gemm draw fitted to a half-precision-only backend takes the fp16 pool case's
+    own distributions (capped so that fp16 sums stay in range), not the float32 draw's: a
+    transplanted 1024x outlier distribution overflowed torch's fp16 accumulator (a false
+    alarm the fuzzer found)."""
+    b = make_backend("half_only")
+    impl = registry.get_backend("torch").impls["gemm"]
+    b.implements("gemm", dtypes=(torch.float16,), layouts=("TN", "NN", "NT", "TT"),
+                 numerics=impl.numerics)(impl.fn)
+    spec = SPECS["gemm"]
+    wide = {"kind": "outliers", "scale": 1.0, "frac": 0.1, "factor": 1024.0}
+    draw = dict(suite.draw_cases(spec, "float32", 1, "ci", 1)[0], dist_a=wide, dist_b=wide)
+    fitted, inputs = suite.fit_for(spec, draw, b.name)
+    assert fitted["dtype"] == "float16" and inputs is not None
+    assert fitted["seed"] == draw["seed"] and fitted["dist_a"] != wide

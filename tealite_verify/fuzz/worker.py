@@ -157,12 +157,13 @@ def classify(rep, device: str, versions: dict, seed) -> list:
 
 
 def _turn_case(spec, case: dict, names: list[str], device: str, size: str,
-               dtype: str | None = None) -> dict:
-    """The drawn case, fitted to the backend whose turn it is (chosen by the case's seed, so a
-    replayed draw gets the same fit): each judged backend gets runnable cases in turn, also
-    one that accepts a narrow slice of the op (tealite_verify.suite.fit_for)."""
+               dtype: str | None = None):
+    """(the drawn case fitted to the backend whose turn it is, its inputs or None): the turn
+    is chosen by the case's seed, so a replayed draw gets the same fit; each judged backend
+    gets runnable cases in turn, also one that accepts a narrow slice of the op
+    (tealite_verify.suite.fit_for, whose dry run built the inputs: they are not built again)."""
     if len(names) < 2 or not isinstance(case.get("seed"), int):
-        return case
+        return case, None
     from tealite_verify.suite import fit_for
     turn = case["seed"] % len(names)
     return fit_for(spec, case, names[turn], device=device, size=size,
@@ -288,8 +289,8 @@ class Worker:
             # a thread while the current one runs (torch's generators and copies, and
             # numpy's large array operations, release the GIL).
             best = [0.0, 0.0]
-            case = _turn_case(spec0, case, names, self.device, self.cfg.get("size", "ci"),
-                              dtype)
+            case, built = _turn_case(spec0, case, names, self.device,
+                                     self.cfg.get("size", "ci"), dtype)
             variants = _seed_variants(case, n_variants)
             ahead = None
             try:
@@ -297,7 +298,9 @@ class Worker:
                     current = ahead
                     ahead = (self.prefetch(spec0, variants[j + 1])
                              if j + 1 < len(variants) else None)
-                    ratio, mism = run_one(v, current.result if current else None)
+                    prepared = current.result if current else (
+                        (lambda: built) if built is not None and j == 0 else None)
+                    ratio, mism = run_one(v, prepared)
                     best[0], best[1] = max(best[0], ratio), max(best[1], mism)
             finally:
                 if ahead is not None:

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 
 from tealite import registry
+from tealite_verify import coverage
 from tealite_verify.suite import draw_cases
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import OpSpec
@@ -42,7 +43,6 @@ EDGE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 _DIST_EDGE = {"quant_edges": "ties", "integers": "ties", "specials": "nonfinite",
               "zero_rows": "zero-rows", "tiny": "subnormal"}
-_SHAPE_KEYS = ("shape", "m", "n", "k")
 
 
 def aiter_backends() -> list[str]:
@@ -50,21 +50,10 @@ def aiter_backends() -> list[str]:
     return [b for b in AITER_BACKENDS if b in registry.backends()]
 
 
-def case_dims(case: dict) -> list[int]:
-    dims: list[int] = []
-    for key in _SHAPE_KEYS:
-        v = case.get(key)
-        if isinstance(v, int):
-            dims.append(v)
-        elif isinstance(v, (list, tuple)):
-            dims.extend(int(d) for d in v)
-    return dims
-
-
 def shape_class(case: dict) -> str:
     """``empty`` (a zero dim), ``aligned`` (every dim a multiple of 32), ``ragged``
     (some dim is not: masked tails, partial blocks)."""
-    dims = case_dims(case)
+    dims = coverage.dims_of(case)
     if any(d == 0 for d in dims):
         return "empty"
     return "aligned" if all(d % 32 == 0 for d in dims) else "ragged"
