@@ -76,6 +76,29 @@ class Impl:
     numerics: Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
+def _numerics_callable(numerics) -> Callable[[Mapping[str, Any]], Mapping[str, Any]]:
+    """A numerics declaration (None, a mapping, or a callable of the op params) as a callable."""
+    if numerics is None:
+        return lambda params: {}
+    if callable(numerics):
+        return numerics
+    fixed = dict(numerics)
+    return lambda params: fixed
+
+
+def _declared_like(op: str, like: str, *, devices, **given) -> tuple[Support, Callable]:
+    """Backend ``like``'s Support and numerics callable for ``op`` (shared, not copied: a
+    device-dependent or probed declaration stays evaluated per call)."""
+    named = sorted(k for k, v in given.items() if v is not None)
+    if named or devices != ("cpu", "cuda"):
+        raise TypeError(f"implements({op!r}, like={like!r}) copies support and numerics; "
+                        f"do not also pass {', '.join(named) or 'devices'}")
+    model = get_backend(like).impls.get(op)
+    if model is None:
+        raise ValueError(f"like={like!r}: backend {like!r} does not implement {op!r}")
+    return model.support, model.numerics
+
+
 @dataclass
 class Backend:
     name: str
@@ -100,42 +123,21 @@ class Backend:
         its numerics callable is shared); give no other support or numerics argument then.
         """
         if like is not None:
-            return self._implements_like(op, like, dtypes=dtypes, layouts=layouts,
-                                         check=check, numerics=numerics,
-                                         custom_devices=devices != ("cpu", "cuda"))
-        support = Support(
-            dtypes=frozenset(dtypes) if dtypes is not None else None,
-            devices=frozenset(devices),
-            layouts=frozenset(layouts) if layouts is not None else None,
-            check=check,
-        )
-        if numerics is None:
-            numerics_fn = lambda params: {}  # noqa: E731
-        elif callable(numerics):
-            numerics_fn = numerics
+            support, numerics_fn = _declared_like(op, like, dtypes=dtypes, layouts=layouts,
+                                                  check=check, numerics=numerics,
+                                                  devices=devices)
         else:
-            fixed = dict(numerics)
-            numerics_fn = lambda params: fixed  # noqa: E731
+            support = Support(
+                dtypes=frozenset(dtypes) if dtypes is not None else None,
+                devices=frozenset(devices),
+                layouts=frozenset(layouts) if layouts is not None else None,
+                check=check,
+            )
+            numerics_fn = _numerics_callable(numerics)
 
         def deco(fn):
             self.impls[op] = Impl(backend=self.name, op=op, fn=fn, support=support,
                                   numerics=numerics_fn)
-            return fn
-
-        return deco
-
-    def _implements_like(self, op: str, like: str, *, custom_devices: bool, **given):
-        named = sorted(k for k, v in given.items() if v is not None)
-        if named or custom_devices:
-            raise TypeError(f"implements({op!r}, like={like!r}) copies support and numerics; "
-                            f"do not also pass {', '.join(named) or 'devices'}")
-        model = get_backend(like).impls.get(op)
-        if model is None:
-            raise ValueError(f"like={like!r}: backend {like!r} does not implement {op!r}")
-
-        def deco(fn):
-            self.impls[op] = Impl(backend=self.name, op=op, fn=fn, support=model.support,
-                                  numerics=model.numerics)
             return fn
 
         return deco
