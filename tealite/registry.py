@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from tealite.errors import BackendUnavailable, DryRunStop, UnsupportedCase
+from tealite.numerics import Numerics
 
 ENTRY_POINT_GROUP = "tealite.backends"
 PLUGIN_ENV_VAR = "TEALITE_BACKEND_MODULES"
@@ -71,18 +72,18 @@ class Impl:
     op: str
     fn: Callable
     support: Support
-    # Declared numerics, read by tealite_verify's tolerance model (e.g. "compute_dtype",
-    # "accumulator_rounded_to").  Keys are documented in tealite_verify/tolerance.py.
-    numerics: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    # Declared numerics (tealite/numerics.py), read by tealite_verify's tolerance tiers:
+    # a function of the case's params.
+    numerics: Callable[[Mapping[str, Any]], Numerics]
 
 
-def _numerics_callable(numerics) -> Callable[[Mapping[str, Any]], Mapping[str, Any]]:
-    """A numerics declaration (None, a mapping, or a callable of the op params) as a callable."""
-    if numerics is None:
-        return lambda params: {}
-    if callable(numerics):
-        return numerics
-    fixed = dict(numerics)
+def _numerics_callable(numerics, where: str) -> Callable[[Mapping[str, Any]], Numerics]:
+    """A numerics declaration (None, a Numerics or mapping, or a callable of the op params
+    returning one) as a callable returning a validated Numerics.  A fixed declaration is
+    validated here, at registration; a callable's result each time it is evaluated."""
+    if callable(numerics) and not isinstance(numerics, (Numerics, Mapping)):
+        return lambda params: Numerics.of(numerics(params), where=where)
+    fixed = Numerics.of(numerics, where=where)
     return lambda params: fixed
 
 
@@ -117,7 +118,8 @@ class Backend:
                    check=None, numerics=None, like: str | None = None):
         """Decorator registering ``fn`` as this backend's implementation of ``op``.
 
-        ``numerics`` is a mapping, or a callable taking the op params and returning one.
+        ``numerics`` is a :class:`~tealite.numerics.Numerics` or a mapping of its fields, or a
+        callable taking the op params and returning either.
         ``like="torch"``: the same :class:`Support` and declared numerics as that backend's
         implementation of ``op`` (device-dependent and probed declarations included, since
         its numerics callable is shared); give no other support or numerics argument then.
@@ -133,7 +135,8 @@ class Backend:
                 layouts=frozenset(layouts) if layouts is not None else None,
                 check=check,
             )
-            numerics_fn = _numerics_callable(numerics)
+            numerics_fn = _numerics_callable(
+                numerics, f"{self.name}.implements({op!r}, numerics=...)")
 
         def deco(fn):
             self.impls[op] = Impl(backend=self.name, op=op, fn=fn, support=support,
@@ -234,7 +237,7 @@ class DispatchRecord:
     backend: str
     op: str
     params: Mapping[str, Any]
-    numerics: Mapping[str, Any]
+    numerics: Numerics
 
 
 _trace: contextvars.ContextVar[list | None] = contextvars.ContextVar("tealite_trace", default=None)
@@ -275,7 +278,7 @@ def _chosen(impl: Impl, params: Mapping[str, Any]) -> Impl:
     records = _trace.get()
     if records is not None:
         records.append(DispatchRecord(impl.backend, impl.op, dict(params),
-                                      dict(impl.numerics(params))))
+                                      impl.numerics(params)))
     return impl
 
 

@@ -90,7 +90,7 @@ def _evaluate(impl, params: dict, device: str) -> tuple[dict | None, str | None]
     try:
         if impl.support.why_not(p) is not None:
             return None, None
-        return dict(impl.numerics(p)), None
+        return impl.numerics(p).declared(), None
     except Exception as exc:  # a probe that needs the device, or a broken declaration
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 

@@ -28,6 +28,7 @@ import torch
 
 from tealite import registry
 from tealite.errors import BackendUnavailable, UnsupportedCase
+from tealite.numerics import Numerics
 from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import _device as reference_device
 from tealite_verify.specs import Expected, OpSpec
@@ -38,7 +39,7 @@ class Outcome:
     backend: str
     status: str  # "ok" | "unsupported" | "unavailable" | "error"
     reason: str | None = None
-    numerics: dict = field(default_factory=dict)
+    numerics: Numerics = field(default_factory=Numerics)
     outputs: dict = field(default_factory=dict, repr=False)
 
 
@@ -118,7 +119,7 @@ class CaseReport:
         return {
             "op": self.op, "case": self.case, "device": self.device, "verdict": self.verdict,
             "outcomes": {k: {"status": o.status, "reason": o.reason,
-                             "numerics": {nk: str(nv) for nk, nv in o.numerics.items()}}
+                             "numerics": o.numerics.to_json()}
                          for k, o in self.outcomes.items()},
             "comparisons": [{"lhs": c.lhs, "rhs": c.rhs, "output": c.output,
                              "metrics": c.metrics.to_dict()} for c in self.comparisons],
@@ -244,7 +245,7 @@ def _run_backend(spec: OpSpec, name: str, inputs: dict, case: dict,
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return Outcome(name, "error", tb)
     ran = [r for r in records if r.op == spec.name]
-    numerics = dict(ran[-1].numerics) if ran else {}
+    numerics = ran[-1].numerics if ran else Numerics()
     if ran and ran[-1].backend != name:
         return Outcome(name, "error", f"dispatch ran backend {ran[-1].backend}, not {name}")
     return Outcome(name, "ok", numerics=numerics, outputs=outputs)

@@ -31,20 +31,13 @@ Tiers
 
 Pairwise backend-vs-backend comparison uses the sum of the two backends' bounds.
 
-Declared numerics (``Backend.implements(numerics=...)``) read here:
-``compute_dtype`` (default float32), ``accumulator_rounded_to`` (dtype), ``matmul_input_rounding``
-("tf32"), ``partial_sums_rounded_to`` (dtype), ``accumulator_unit_roundoff`` (float, e.g. 2^-14
-for Hopper FP8 WGMMA), ``operands_dequantized_to`` (dtype: quantized operands were dequantized
-with one rounding before the matmul), ``alignment_floor`` (dtype: the accumulator aligns
-products at the operands' exponents with subnormal operands counted at the format's smallest
-normal exponent, so the accumulation error scales with :func:`aligned_magnitude`; for qgemm
-the string ``FP8_CODE_ALIGNMENT``: the same for the FP8 codes, before their scales, as
-Hopper's FP8 tensor cores do),
-``epilogue_in_accumulator`` (bool: the bias / beta C seeds the accumulator and is summed with
-every product, as AITER's gemm_a16w16 does, instead of being added once at the end),
-``subnormal_inputs`` ("may_flush": the kernel may treat subnormal operands as zero, as
-oneDNN's bf16 matmul does on AVX512-BF16 / AMX CPUs; probed by the backend, never assumed:
-the products with a subnormal operand are then added to the bound whole).  Every
+Declared numerics (``Backend.implements(numerics=...)``, the fields of
+:class:`tealite.numerics.Numerics`, documented there) read here: ``compute_dtype``, and for the
+``gemm`` tier ``accumulator_unit_roundoff``, ``accumulator_rounded_to``,
+``matmul_input_rounding``, ``partial_sums_rounded_to``, ``operands_dequantized_to``,
+``alignment_floor`` (``FP8_CODE_ALIGNMENT`` for Hopper's FP8 tensor cores: the accumulation
+error then scales with :func:`aligned_magnitude` of the codes), ``epilogue_in_accumulator``
+and ``subnormal_inputs``.  Every
 operation also gets an absolute
 underflow term (Higham's eta, widened to the smallest normal: see ``underflow_error``).
 
@@ -56,11 +49,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import torch
+
+from tealite import numerics as numerics_fields
+from tealite.numerics import Numerics
 
 from tealite_verify.references._device import namespace
 
@@ -392,8 +388,14 @@ def _elem_type(t) -> str:
     return np.asarray(t).dtype.name
 
 
-def compute_dtype(numerics: Mapping[str, Any]):
-    return numerics.get("compute_dtype", torch.float32)
+def compute_dtype(numerics: Numerics):
+    return numerics.compute_dtype or torch.float32
+
+
+def _accumulator_u(numerics: Numerics) -> float:
+    """The accumulator's unit roundoff: declared, else fp32's round to nearest."""
+    u = numerics.accumulator_unit_roundoff
+    return unit_roundoff(torch.float32) if u is None else u
 
 
 def underflow_error(dtype) -> float:
@@ -415,7 +417,7 @@ def with_output_rounding(ref, compute_err, out_dtype, *, roundings: int = 1) -> 
     return roundings * 0.5 * ulp(out_dtype, xp.abs(xp.asarray(ref)) + e) + e
 
 
-def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Mapping[str, Any], *,
+def elementwise_tolerance(ref, magnitude, out_dtype, numerics: Numerics, *,
                           ops: float = 4.0, reduction: int = 0, roundings: int = 1,
                           underflow_scale=1.0) -> np.ndarray:
     """The ``ulp`` tier's bound (see module docstring)."""
@@ -444,7 +446,7 @@ def aligned_magnitude(x, dtype) -> np.ndarray:
 
 # qgemm's ``alignment_floor`` value for an FP8 MMA: subnormal *codes* are aligned at their
 # format's smallest normal exponent (measured on an H200; tests/test_fp8_mma_accumulator.py).
-FP8_CODE_ALIGNMENT = "fp8_codes"
+FP8_CODE_ALIGNMENT = numerics_fields.FP8_CODE_ALIGNMENT
 
 
 def normal_magnitude(x, dtype) -> np.ndarray:
@@ -455,7 +457,7 @@ def normal_magnitude(x, dtype) -> np.ndarray:
     return xp.where(ax < float(torch.finfo(dtype).tiny), 0.0 * ax, ax)
 
 
-def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any], *,
+def gemm_error(p_abs, p, k: int, numerics: Numerics, *,
                accumulation_gamma=gamma, flushed_abs=None) -> np.ndarray:
     """Bound on |computed P - P| for P = op(B) @ op(A) before the epilogue.
 
@@ -464,16 +466,16 @@ def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any], *,
     gamma_K; tolerance_prob.py passes the probabilistic one).  ``flushed_abs``: products a
     ``subnormal_inputs: "may_flush"`` kernel may drop whole (see gemm_tolerances).
     """
-    u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))
+    u_acc = _accumulator_u(numerics)
     coef = accumulation_gamma(k, u_acc) if k > 0 else 0.0
-    if numerics.get("operands_dequantized_to") is not None:
+    if numerics.operands_dequantized_to is not None:
         # Each operand was rounded once (code x scale) before an exact product.
-        coef = coef + 2 * unit_roundoff(numerics["operands_dequantized_to"])
+        coef = coef + 2 * unit_roundoff(numerics.operands_dequantized_to)
     # Products that underflow (or are flushed) lose up to the smallest normal each.
     eta = k * underflow_error(torch.float32)
-    if numerics.get("matmul_input_rounding") == "tf32":
+    if numerics.matmul_input_rounding == "tf32":
         coef = coef + 2 * unit_roundoff("tf32")
-    partial = numerics.get("partial_sums_rounded_to")
+    partial = numerics.partial_sums_rounded_to
     if partial is not None and k > 1:
         # Split-K in cuBLAS (an assumption, not documented by NVIDIA): at most ~log2(K)
         # levels of partial sums kept in `partial`, and at most ceil(K/64) partial sums, each
@@ -482,12 +484,12 @@ def gemm_error(p_abs, p, k: int, numerics: Mapping[str, Any], *,
         coef = coef + gamma(math.ceil(math.log2(k)) + 1, unit_roundoff(partial))
         eta = eta + math.ceil(k / 64) * 0.5 * float(ulp(partial, 0.0))
     err = coef * p_abs + eta
-    if flushed_abs is not None and numerics.get("subnormal_inputs") == "may_flush":
+    if flushed_abs is not None and numerics.subnormal_inputs == "may_flush":
         # Before the accumulator's rounding: the flushed sum may sit in a higher binade than
         # the exact one, with a coarser ulp (a local-size fuzz false alarm on this CPU: bf16
         # 4.807e-35 exact, 4.834e-35 flushed, rounded to the bf16 4.852e-35).
         err = err + flushed_abs
-    rounded_to = numerics.get("accumulator_rounded_to")
+    rounded_to = numerics.accumulator_rounded_to
     if rounded_to is not None:
         err = err + 0.5 * ulp(rounded_to, namespace(p).abs(p) + err)
     return err
@@ -508,9 +510,9 @@ def gemm_tolerances(p_abs, p, pre, k: int, out_dtype, numerics, *, alpha: float,
     u_c = unit_roundoff(compute_dtype(numerics))
     e_p = gemm_error(p_abs, p, k, numerics, accumulation_gamma=accumulation_gamma,
                      flushed_abs=flushed_abs)
-    if numerics.get("epilogue_in_accumulator") and k > 0:
+    if numerics.epilogue_in_accumulator and k > 0:
         # The epilogue term rides through all K accumulations (Higham: gamma_K of it).
-        u_acc = numerics.get("accumulator_unit_roundoff", unit_roundoff(torch.float32))
+        u_acc = _accumulator_u(numerics)
         e_p = e_p + accumulation_gamma(k, u_acc) * epilogue_abs
     e_pre = abs(alpha) * e_p + 3 * u_c * (abs(alpha) * (xp.abs(p) + e_p) + epilogue_abs)
     tol = {"pre": e_pre + 0.5 * ulp(out_dtype, xp.abs(pre) + e_pre)}

@@ -186,7 +186,7 @@ AITER_RULE = "amax/fmax"
 
 
 def _ulps(numerics) -> int:
-    return int(numerics.get("fp32_div_ulps", 0))
+    return int(numerics.fp32_div_ulps or 0)
 
 
 def _nudge(v, steps: int, toward) -> np.ndarray:
@@ -200,7 +200,7 @@ def _nudge(v, steps: int, toward) -> np.ndarray:
 def aiter_scale_inv_range(a_lo, a_hi, fmt: str, numerics) -> tuple[np.ndarray, np.ndarray]:
     """[lo, hi] of the scale_inv AITER's rule reaches from amax in [a_lo, a_hi]: fl32(amax /
     max) is monotone in amax; widened by ``fp32_div_ulps`` representable values each way."""
-    floor = F32(numerics.get("amax_floor", 0.0))
+    floor = F32(numerics.amax_floor or 0.0)
     lo = qref.aiter_scale_inv(np.maximum(np.asarray(a_lo, F32), floor), fmt)
     hi = qref.aiter_scale_inv(np.maximum(np.asarray(a_hi, F32), floor), fmt)
     ulps = _ulps(numerics)
@@ -216,7 +216,7 @@ def check_aiter_scale_inv(actual, a_lo, a_hi, central, fmt: str, numerics) -> Me
     lo, hi = aiter_scale_inv_range(a_lo, a_hi, fmt, numerics)
     with np.errstate(invalid="ignore"):
         ok = (got >= lo) & (got <= hi)
-        if numerics.get("scale_inv_zero_as_one"):
+        if numerics.scale_inv_zero_as_one:
             # ftz hardware flushes a subnormal quotient to 0 too (then 1 is right).
             can_be_zero = (lo <= 0) | ((_ulps(numerics) > 0) & (lo < np.finfo(F32).tiny))
             ok = (ok & (got != 0)) | (can_be_zero & (got == 1))
@@ -388,7 +388,7 @@ class FusedQuantJudge:
 
     # The interval for a backend's numerics (cached: three outputs share it).
     def intervals(self, numerics):
-        key = repr(sorted((str(k), str(v)) for k, v in dict(numerics).items()))
+        key = numerics  # a frozen Numerics: hashable, equal when the declarations are
         if key not in self._cache:
             e = np.broadcast_to(np.asarray(self.bound(numerics), np.float64), self.y.shape)
             lo, hi = y_interval(self.y, e)
@@ -430,7 +430,7 @@ class FusedQuantJudge:
         (equal unless a declared approximate division widens them), or a reason."""
         rows = self.y.shape
         if self.recipe["kind"] == "delayed":
-            if numerics.get("given_scale_as_scale_inv"):
+            if numerics.given_scale_as_scale_inv:
                 r_lo, r_hi = recip_range(qref.reciprocal(self.scale), numerics)
             else:
                 r_lo = r_hi = self.scale
@@ -452,7 +452,7 @@ class FusedQuantJudge:
         return r, r
 
     def _nonfinite_unjudged(self, numerics) -> str | None:
-        policy = numerics.get("mx_nonfinite", "nan-scale")
+        policy = numerics.mx_nonfinite or "nan-scale"
         if policy == "nan-scale" or np.isfinite(self.y).all():
             return None
         return (f"mx_nonfinite={policy!r} with NaN/Inf in y: the fused judge has only the "

@@ -75,6 +75,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from tealite.numerics import Numerics
+
 from tealite_verify import tolerance
 
 ENV_VAR = "TEALITE_VERIFY_PROBABILISTIC"  # per-case false-alarm probability, e.g. 1e-9
@@ -137,13 +139,13 @@ def accumulation_gamma(lam: float) -> Callable[[int, float], float]:
     return g
 
 
-def rounds_to_nearest(numerics: Mapping[str, Any]) -> bool:
+def rounds_to_nearest(numerics: Numerics) -> bool:
     """Whether the declared accumulation fits model M (see the module docstring)."""
-    return (numerics.get("accumulator_unit_roundoff") is None
-            and numerics.get("alignment_floor") is None)
+    return (numerics.accumulator_unit_roundoff is None
+            and numerics.alignment_floor is None)
 
 
-def gemm_prob_tolerances(p_abs, p, pre, k: int, out_dtype, numerics: Mapping[str, Any],
+def gemm_prob_tolerances(p_abs, p, pre, k: int, out_dtype, numerics: Numerics,
                          p_case: float, **kw) -> dict:
     """:func:`tolerance.gemm_tolerances` with the accumulation term gamma_K replaced by
     gamma~_K(lambda), lambda chosen for ``p_case`` over this case's outputs; ``kw`` as there."""

@@ -7,6 +7,7 @@ The ``make_backend`` fixture these tests use is in conftest.py.
 from __future__ import annotations
 
 import torch
+from tealite.numerics import Numerics
 import torch.nn.functional as F
 
 from tealite.ops.activations import GATED
@@ -15,7 +16,7 @@ from tealite_verify.specs import get_spec
 from tealite_verify.specs.gemm import make_case
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
-NUM32 = {"compute_dtype": FP32}
+NUM32 = Numerics(compute_dtype=FP32)
 # One output ULP at 1.0 (relative): 2^-7 for bf16, 2^-10 for fp16.
 ULP_REL = {BF16: 2.0**-7, FP16: 2.0**-10}
 

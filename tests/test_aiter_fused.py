@@ -216,7 +216,7 @@ MX_PARAMS = [pytest.param(op, c, id=f"{op}-{c.get('kind', 'norm')}-{c['dtype']}"
 def test_mxfp4_entry_points_match_the_reference(mxfp4_on_nvidia, op, c):
     rep = report(op, c, ["torch", NAME])
     assert rep.outcomes[NAME].status == "ok" and rep.verdict == "pass", rep.describe()
-    assert rep.outcomes[NAME].numerics["entry_point"] in F.MXFP4_ENTRY_POINTS
+    assert rep.outcomes[NAME].numerics.entry_point in F.MXFP4_ENTRY_POINTS
 
 
 @st.composite
@@ -403,7 +403,7 @@ def test_fp8_entry_points_fail_only_under_the_interpreter(op, c, entry, monkeypa
     monkeypatch.setattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER", False)
     rep = report(op, c, ["torch", NAME])
     assert rep.outcomes[NAME].status == "ok", rep.describe()
-    assert rep.outcomes[NAME].numerics["entry_point"] == entry
+    assert rep.outcomes[NAME].numerics.entry_point == entry
     assert rep.verdict == "pass", rep.describe()
 
 

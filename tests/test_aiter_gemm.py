@@ -59,7 +59,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_layouts_and_bias_match_the_reference(name):
     report = _run(CASES[name])
-    assert ran(report).numerics["entry_point"] == ENTRY
+    assert ran(report).numerics.entry_point == ENTRY
     assert report.verdict == "pass", report.describe()
 
 
@@ -154,8 +154,8 @@ def test_contract_is_declared_and_reported():
     num = AT.impls["gemm"].numerics(dict(m=8, n=16, k=64, layout="TN", dtype=torch.float16,
                                          out_dtype=torch.float16, bias=True, gelu=False,
                                          alpha=1.0, beta=0.0, device=DEV))
-    assert num["entry_point"] == ENTRY and num["compute_dtype"] == torch.float32
-    assert num.get("epilogue_in_accumulator") is True  # the bias seeds the accumulator
+    assert num.entry_point == ENTRY and num.compute_dtype == torch.float32
+    assert num.epilogue_in_accumulator is True  # the bias seeds the accumulator
 
 
 # ---- seeded wrong variants: the harness must catch them -----------------------------------------

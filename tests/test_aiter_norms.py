@@ -66,7 +66,7 @@ def test_every_entry_point_declares_its_contract():
 def test_aiter_norms_match_the_reference(op, dtype):
     rep = report(op, case(op, dtype=dtype))
     assert rep.verdict == "pass" and rep.outcomes[NAME].status == "ok", rep.describe()
-    assert rep.outcomes[NAME].numerics["entry_point"] == N.ENTRY_POINTS[op]
+    assert rep.outcomes[NAME].numerics.entry_point == N.ENTRY_POINTS[op]
 
 
 # ---- seeded wrong variants -------------------------------------------------------------------

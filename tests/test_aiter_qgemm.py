@@ -105,7 +105,7 @@ CASES = {
 def test_each_entry_point_matches_the_reference(name):
     case, entry = CASES[name]
     report = _run(case)
-    assert ran(report).numerics["entry_point"] == entry
+    assert ran(report).numerics.entry_point == entry
     assert report.verdict == "pass", report.describe()
 
 
@@ -115,7 +115,7 @@ def test_every_mxfp4_entry_point_runs_the_same_case(monkeypatch, entry):
     """One shape all three accept (M >= 32, N % 32 == 0, K % 256 == 0), forced to each."""
     monkeypatch.setattr(Q, "MXFP4_PREFERENCE", (entry,))
     report = _run(_case(_mx(), _mx(), "NN", 33, 32, 256))
-    assert ran(report).numerics["entry_point"] == entry
+    assert ran(report).numerics.entry_point == entry
     assert report.verdict == "pass", report.describe()
 
 
@@ -214,7 +214,7 @@ def test_missing_entry_point_rejects_its_cases_without_fallback(monkeypatch):
     assert f"lacks {entry}: no such module (test)" in outcome.reason
     # gemm_a8w8 still runs the cases routed to it (per-tensor), and only those.
     tensor = _run(_case(_cur(), _cur(), "TN", 8, 16, 64))
-    assert tensor.outcomes["aiter_triton"].numerics["entry_point"] == "gemm_a8w8"
+    assert tensor.outcomes["aiter_triton"].numerics.entry_point == "gemm_a8w8"
     assert tensor.verdict == "pass", tensor.describe()
 
 
@@ -278,7 +278,7 @@ def test_seeded_wrong_variant_is_caught_and_the_correct_one_passes(monkeypatch, 
     entry, wrap, case = SEEDED[name]
     outcome = seeded_variant_is_caught(_run, kernels().functions, entry, wrap, case,
                                        monkeypatch)
-    assert outcome.numerics["entry_point"] == entry
+    assert outcome.numerics.entry_point == entry
 
 
 # ---- the AITER config-cache mutation the backend avoids ---------------------------------------

@@ -37,6 +37,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 
 import tealite
 from tealite import recipes as R
@@ -226,7 +227,7 @@ def test_missing_entry_point_is_rejected_with_the_loaders_reason(monkeypatch, de
 def test_mxfp4_passes_the_harness(mxfp4_on_nvidia, case, device):
     report = _run(case, device)
     _assert_pass(report)
-    assert report.outcomes[B].numerics["entry_point"] == "dynamic_mxfp4_quant"
+    assert report.outcomes[B].numerics.entry_point == "dynamic_mxfp4_quant"
 
 
 @functools.lru_cache(maxsize=None)
@@ -312,9 +313,9 @@ def test_mxfp4_nonfinite_policy_is_declared_and_verified(mxfp4_on_nvidia, device
     expected = SPEC.reference({"x": x.astype(np.float64)}, r)
     outs = {"data": torch.from_numpy(ref.pack_e2m1(codes)), "scale_inv": torch.from_numpy(scales)}
     for name in ("data", "scale_inv"):
-        assert expected[name].check(outs, {"mx_nonfinite": "ignore-nan"}).passed, name
+        assert expected[name].check(outs, Numerics(mx_nonfinite="ignore-nan")).passed, name
     # Declaring TE's policy instead fails: the Inf block's scale and the NaN element's code.
-    assert not expected["scale_inv"].check(outs, {}).passed
+    assert not expected["scale_inv"].check(outs, Numerics()).passed
 
 
 def _seed_kernel(tmp_path, monkeypatch, ep: str, kernel: str, old: str, new: str):
@@ -534,7 +535,7 @@ def test_fp8_entry_points_pass_the_harness(fp8_in_interpreter, fp8, device, gran
     report = _run(quant_case(aiter_fp8_recipe(fp8, gran), (24, 72), dist, dtype, 9), device)
     _assert_pass(report)
     want = AQ.PER_TENSOR if gran == "tensor" else AQ.PER_TOKEN
-    assert report.outcomes[B].numerics["entry_point"] == want
+    assert report.outcomes[B].numerics.entry_point == want
 
 
 FP8_SEEDS = {

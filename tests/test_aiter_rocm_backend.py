@@ -197,7 +197,7 @@ LAYOUT_BACKEND = {"plain": "aiter", "preshuffled": "aiter_bpreshuffle"}
 
 def assert_ran(report, outcome, entry_point, fake):
     assert outcome.status == "ok", outcome.reason
-    assert outcome.numerics["entry_point"] == entry_point
+    assert outcome.numerics.entry_point == entry_point
     assert entry_point in fake.calls
     assert report.verdict == "pass", report.describe()
 
@@ -251,10 +251,10 @@ def test_every_implementation_names_its_entry_point():
              "layernorm_fwd_quantize": "layernorm2d_fwd_with_dynamicquant",
              "act_fwd_quantize": "scaled_silu_and_mul"}
     for op, ep in fixed.items():
-        assert b.impls[op].numerics({})["entry_point"] == ep
-    assert b.impls["act_fwd"].numerics({"kind": "geglu"})["entry_point"] == "gelu_and_mul"
+        assert b.impls[op].numerics({}).entry_point == ep
+    assert b.impls["act_fwd"].numerics({"kind": "geglu"}).entry_point == "gelu_and_mul"
     mx = {"recipe": R.MXBlockScaling("e2m1")}
-    assert b.impls["quantize"].numerics(mx)["entry_point"] == "per_1x32_f4_quant_hip"
+    assert b.impls["quantize"].numerics(mx).entry_point == "per_1x32_f4_quant_hip"
 
 
 # ---- adapters, judged by the differential runner ---------------------------------------------

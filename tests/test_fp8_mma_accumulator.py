@@ -25,6 +25,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 
 from tealite import recipes as R
 from tealite.backends.scaled_mm import qgemm as smm
@@ -207,7 +208,7 @@ def test_subnormal_alignment_is_bounded_once_codes_are_lifted():
     av, bv = a.double().numpy(), b.double().numpy()
     got = hopper_fp8_acc(bv, av, -6, -6).astype(np.float64)
     err = np.abs(got - bv @ av.T)
-    numerics = smm._numerics({"device": "cuda"})
+    numerics = Numerics.of(smm._numerics({"device": "cuda"}))
     plain = tolerance.gemm_error(np.abs(bv) @ np.abs(av).T, bv @ av.T, 32, numerics)
     e4 = torch.float8_e4m3fn
     lifted = tolerance.aligned_magnitude(bv, e4) @ tolerance.aligned_magnitude(av, e4).T

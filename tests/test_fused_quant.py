@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 from hypothesis import HealthCheck, given, settings
 
 import tealite
@@ -197,8 +198,8 @@ def _judge_outputs(y32, recipe, scale=None):
 
 
 def _all_pass(judge, outs):
-    return [judge.check_data(outs, {}), judge.check_scale_inv(outs, {})] + \
-        ([judge.check_amax(outs, {})] if "amax" in outs else [])
+    return [judge.check_data(outs, Numerics()), judge.check_scale_inv(outs, Numerics())] + \
+        ([judge.check_amax(outs, Numerics())] if "amax" in outs else [])
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -210,14 +211,14 @@ def test_zero_bound_is_bit_exact(name):
     assert all(m.passed and m.excused == 0 for m in _all_pass(judge, outs))
     bad = dict(outs, data=outs["data"].clone())
     bad["data"].view(torch.uint8)[2, 5] += 1
-    assert not judge.check_data(bad, {}).passed
+    assert not judge.check_data(bad, Numerics()).passed
     if name == "mx":
         bad = dict(outs, scale_inv=outs["scale_inv"].clone())
         bad["scale_inv"][1, 0] += 1
-        assert not judge.check_scale_inv(bad, {}).passed
+        assert not judge.check_scale_inv(bad, Numerics()).passed
     else:
         bad = dict(outs, amax=torch.nextafter(outs["amax"], torch.tensor(np.inf)))
-        assert not judge.check_amax(bad, {}).passed
+        assert not judge.check_amax(bad, Numerics()).passed
         if name == "row":  # scale_inv must be the rule's for the reported amax
             assert not judge.check_scale_inv(dict(outs, scale_inv=outs["scale_inv"] * 2),
                                              {}).passed
@@ -231,7 +232,7 @@ def test_zero_bound_catches_ties_away():
     away = TQB.quantize(torch.from_numpy(y), R.MXBlockScaling(
         "e4m3", ScaleRounding.RCEIL, ElementRounding.TIES_AWAY), rowwise=True, columnwise=False,
         scale=None)
-    assert not judge.check_data(dict(outs, data=away.data), {}).passed
+    assert not judge.check_data(dict(outs, data=away.data), Numerics()).passed
 
 
 def test_tie_is_excused_for_any_positive_bound():

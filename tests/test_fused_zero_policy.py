@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 
 from tealite.backends.torch import activations as TACT
 from tealite.backends.torch import fused as TF
@@ -244,7 +245,7 @@ def test_aiter_zero_row_policy_where_the_amax_is_within_its_bound(zero_as_one):
     """y_ref row 0 = 3e-37 with e = 1e-35 (0 inside): y = 0 there (NaN codes and scale_inv 0,
     or with ``scale_inv_zero_as_one`` codes 0 and scale_inv 1) passes, as do the finite codes
     of the tiny amax.  Row 1 (amax 2) taking the zero policy fails both checks."""
-    numerics = {"scale_inv_zero_as_one": zero_as_one}
+    numerics = Numerics(scale_inv_zero_as_one=zero_as_one)
     y_ref = np.array([[3e-37, -2e-37], [2.0, -1.0]])
     e = np.array([[1e-35, 1e-35], [1e-7, 1e-7]])
     judge = TFU.FusedQuantJudge(y_ref, lambda n: e, AITER_ROW)

@@ -63,6 +63,7 @@ import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from tealite.numerics import Numerics  # noqa: E402
 
 import tealite  # noqa: E402
 from tealite import registry  # noqa: E402
@@ -88,7 +89,7 @@ def test_like_torch_gets_torchs_support_and_numerics(make_backend):
     with registry.trace() as records:
         tealite.gemm(a, b, backend=plugin.name)
     (rec,) = [r for r in records if r.backend == plugin.name]
-    assert rec.numerics == dict(model.numerics(rec.params))
+    assert rec.numerics == model.numerics(rec.params)
     assert plugin.why_unsupported("gemm", dict(rec.params, layout="XX")) == \
         model.support.why_not(dict(rec.params, layout="XX"))
 
@@ -110,10 +111,10 @@ def test_like_evaluates_a_device_dependent_probed_declaration_per_call(make_back
     cpu = dict(kind="gelu", dtype=torch.bfloat16, numel=8, hidden=8, device="cpu")
     cuda = dict(cpu, device="cuda")
     declared = plugin.impls["act_fwd"].numerics
-    assert declared(cpu) == {}
-    assert declared(cuda) == {"partial_sums_rounded_to": torch.bfloat16}
+    assert declared(cpu) == Numerics()
+    assert declared(cuda) == Numerics(partial_sums_rounded_to=torch.bfloat16)
     probe["reduced"] = False
-    assert declared(cuda) == {}
+    assert declared(cuda) == Numerics()
 
 
 @pytest.mark.parametrize("extra", [dict(dtypes=(torch.float32,)), dict(devices=("cpu",)),

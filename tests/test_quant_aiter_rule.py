@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 
 import tealite
 from tealite import recipes as R
@@ -65,18 +66,18 @@ def test_fp32_div_ulps_tier_accepts_the_declared_error_and_no_more(gran):
     x = _tier_x() if gran == "row" else np.nan_to_num(_tier_x(), posinf=0.0)
     case = quant_case(aiter_fp8_recipe("e4m3", gran), x.shape, {"kind": "normal", "scale": 1.0})
     expected = SPEC.reference({"x": x.astype(np.float64)}, case)
-    approx = {"fp32_div_ulps": 2}
+    approx = Numerics(fp32_div_ulps=2)
 
     def verdict(outs, numerics):
         return {n: expected[n].check(outs, numerics).passed for n in ("data", "scale_inv")}
 
     exact = _approx_outputs(x, gran, 0, 0)
-    assert verdict(exact, {}) == verdict(exact, approx) == {"data": True, "scale_inv": True}
+    assert verdict(exact, Numerics()) == verdict(exact, approx) == {"data": True, "scale_inv": True}
     # Both divisions one fp32 step from the correctly rounded result (<= 1.5 ulp from the
     # exact quotient): a legal GPU result; not for an IEEE division.
     off = _approx_outputs(x, gran, 1, -1)
     assert verdict(off, approx) == {"data": True, "scale_inv": True}
-    assert verdict(off, {})["scale_inv"] is False
+    assert verdict(off, Numerics())["scale_inv"] is False
     assert verdict(_approx_outputs(x, gran, 3, 0), approx)["scale_inv"] is False
     # Codes under a reciprocal beyond the bound (here 4000 ulp: some products cross a
     # rounding boundary) fail, as does one bumped code.
@@ -87,8 +88,8 @@ def test_fp32_div_ulps_tier_accepts_the_declared_error_and_no_more(gran):
     assert verdict(bumped, approx)["data"] is False
     # Pairwise: exact vs approximate passes; two approximations each judged on their own.
     for name in ("data", "scale_inv"):
-        assert expected[name].check_pair(exact, off, {}, approx).passed, name
-    assert not expected["scale_inv"].check_pair(exact, off, {}, {}).passed
+        assert expected[name].check_pair(exact, off, Numerics(), approx).passed, name
+    assert not expected["scale_inv"].check_pair(exact, off, Numerics(), Numerics()).passed
 
 
 def test_aiter_rule_reports_no_amax():
@@ -96,9 +97,9 @@ def test_aiter_rule_reports_no_amax():
     case = quant_case(aiter_fp8_recipe("e4m3", "row"), x.shape, {"kind": "normal", "scale": 1.0})
     expected = SPEC.reference({"x": x.astype(np.float64)}, case)
     outs = _approx_outputs(x, "row", 0, 0)
-    assert expected["amax"].check(outs, {}).passed
+    assert expected["amax"].check(outs, Numerics()).passed
     outs["amax"] = torch.from_numpy(ref.aiter_amax(x, per_row=True))
-    assert not expected["amax"].check(outs, {}).passed
+    assert not expected["amax"].check(outs, Numerics()).passed
 
 
 def test_aiter_rule_recipe_and_torch_backend():

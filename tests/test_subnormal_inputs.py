@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from tealite.numerics import Numerics
 
 from tealite.backends.torch import gemm as torch_gemm
 from tealite.backends.torch.probes import matmul_flushes_subnormal_inputs
@@ -54,11 +55,11 @@ def test_a_flushing_gemm_passes_only_where_declared():
     exp, inputs = _subnormal_case()
     assert inputs["a"].abs().max() < torch.finfo(BF16).tiny and np.abs(exp.value).max() > 0
     flushed = torch.zeros(exp.value.shape, dtype=BF16)  # every product had a subnormal operand
-    assert _passes(flushed, exp, {"subnormal_inputs": "may_flush"})
-    assert not _passes(flushed, exp, {})
+    assert _passes(flushed, exp, Numerics(subnormal_inputs="may_flush"))
+    assert not _passes(flushed, exp, Numerics())
     # A result beyond the sum of the droppable products is wrong either way.
     off = torch.full(exp.value.shape, 1e-30, dtype=BF16)
-    assert not _passes(off, exp, {"subnormal_inputs": "may_flush"})
+    assert not _passes(off, exp, Numerics(subnormal_inputs="may_flush"))
 
 
 def test_a_wrong_gemm_is_still_caught_when_flushing_is_declared():
@@ -69,7 +70,7 @@ def test_a_wrong_gemm_is_still_caught_when_flushing_is_declared():
          for k, v in inputs.items()}
     exp = spec.reference(x, case)["out"]
     wrong = torch.from_numpy(exp.value * (1 + 2.0 ** -5)).to(BF16)
-    tol = exp.bound({"subnormal_inputs": "may_flush"})
+    tol = exp.bound(Numerics(subnormal_inputs="may_flush"))
     assert not np.all(np.abs(wrong.double().numpy() - exp.value) <= tol)
 
 
@@ -102,7 +103,7 @@ def test_the_flushed_sum_is_rounded_in_its_own_binade():
             for t in (inputs["a"], inputs["b"]))
     got = (b @ a.t()).to(BF16).float()
     assert float(got[80, 6]) == 4.852440680194403e-35  # the value torch returned
-    numerics = {"subnormal_inputs": "may_flush", "accumulator_rounded_to": BF16}
+    numerics = Numerics(subnormal_inputs="may_flush", accumulator_rounded_to=BF16)
     assert _passes(got, exp, numerics)
     # Losing a normal product is still caught under the declaration.
     wrong = got.clone()

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 
 from tealite_verify import tolerance as T
 
@@ -256,8 +257,8 @@ def test_alignment_floor_covers_the_measured_h100_subnormal_fp16_dot_only_when_d
     b = np.array([[0.75], [2.0 ** -20]])
     p = a @ b
     got = 2.2357471607392654e-07
-    base = {"accumulator_unit_roundoff": 2.0 ** -23}
-    floored = dict(base, alignment_floor=torch.float16)
+    base = Numerics(accumulator_unit_roundoff=2.0 ** -23)
+    floored = base.with_(alignment_floor=torch.float16)
     err = abs(got - p[0, 0])
     plain = T.gemm_error(np.abs(a) @ np.abs(b), p, 2, base)[0, 0]
     aligned = T.gemm_error(T.aligned_magnitude(a, torch.float16)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 
 from tealite_verify import tolerance as T
 from tealite_verify import tolerance_prob as TP
@@ -92,7 +93,7 @@ def test_prob_bound_is_the_deterministic_one_with_gamma_tilde():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((32, 4096)), rng.standard_normal((4096, 32))
     p, p_abs = a @ b, np.abs(a) @ np.abs(b)
-    num = {"compute_dtype": torch.float32}
+    num = Numerics(compute_dtype=torch.float32)
     kw = dict(alpha=1.0, epilogue_abs=np.zeros_like(p))
     det = T.gemm_error(p_abs, p, 4096, num)
     lam = TP.lambda_for(P, TP.rounding_events(p.size, 4096), U32)
@@ -111,7 +112,7 @@ def test_truncating_accumulators_keep_the_deterministic_bound(declared):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((8, 2048)), rng.standard_normal((2048, 8))
     p, p_abs = a @ b, np.abs(a) @ np.abs(b)
-    num = dict({"compute_dtype": torch.float32}, **declared)
+    num = Numerics(compute_dtype=torch.float32, **declared)
     kw = dict(alpha=1.0, epilogue_abs=np.zeros_like(p))
     np.testing.assert_array_equal(
         TP.gemm_prob_tolerances(p_abs, p, p, 2048, torch.float16, num, P, **kw)["out"],

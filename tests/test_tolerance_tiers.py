@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 
@@ -131,7 +132,7 @@ def test_gemm_tier_alpha_and_unfused_epilogue(dtype):
     ULP: caught."""
     k, alpha = 257, 0.5
     a, b, p, p_abs = _gemm_data(dtype, 32, 24, k, "positive", seed=3)
-    num = {"compute_dtype": FP32, "accumulator_rounded_to": dtype}
+    num = Numerics(compute_dtype=FP32, accumulator_rounded_to=dtype)
     tol = _gemm_tol(p, p_abs, k, dtype, FP32, num, alpha=alpha)
     acc_rounded = (a.float() @ b.float()).to(dtype)
     good = (acc_rounded.float() * alpha)
@@ -180,8 +181,8 @@ def test_gemm_tier_tf32_declaration():
     assert not torch.equal(a_t, a) and ((a_t - a).abs() <= a.abs() * 2.0**-11).all()
     out = a_t @ b_t
     assert not T.compare_bounded(out, p, _gemm_tol(p, p_abs, k, FP32, FP32), FP32).passed
-    tol = _gemm_tol(p, p_abs, k, FP32, FP32, {"compute_dtype": FP32,
-                                                "matmul_input_rounding": "tf32"})
+    tol = _gemm_tol(p, p_abs, k, FP32, FP32, Numerics(compute_dtype=FP32,
+                                                matmul_input_rounding="tf32"))
     assert T.compare_bounded(out, p, tol, FP32).passed
 
 
@@ -297,7 +298,7 @@ def test_pairwise_bound_is_the_sum_of_both_bounds(make_backend):
     x = {k: v.double().numpy() for k, v in inputs.items()}
     exp = spec.reference(x, case)["out"]
     n_t, n_f = report.outcomes["torch"].numerics, report.outcomes[name].numerics
-    assert n_t.get("accumulator_rounded_to") == BF16 and n_f == {"compute_dtype": FP64}
+    assert n_t.accumulator_rounded_to == BF16 and n_f == Numerics(compute_dtype=FP64)
     out_t = report.outcomes["torch"].outputs["out"]
     out_f = report.outcomes[name].outputs["out"]
     diff = (out_t.double() - out_f.double()).abs().numpy()

@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 import torch
+from tealite.numerics import Numerics
 
 import tealite
 from tealite import registry
@@ -150,7 +151,7 @@ def test_declared_numerics():
                   bias=True, gelu=True, alpha=2.0, beta=1.0, device=DEVICE)
     # fp32 uses input_precision="ieee" (no TF32), the accumulator is never rounded before the
     # epilogue: the gemm tier's base model, nothing extra.
-    assert impl.numerics(params) == {"compute_dtype": torch.float32}
+    assert impl.numerics(params) == Numerics(compute_dtype=torch.float32)
     assert impl.support.why_not(dict(params, m=2**23)) is not None
 
 

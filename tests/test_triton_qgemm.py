@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from tealite.numerics import Numerics
 import triton
 import triton.language as tl
 
@@ -299,8 +300,8 @@ def _edge_mismatches(case, fmt_a, fmt_b) -> int:
     b = qref.mx_dequantize(b_bits, b_bytes, fmt_b)
     with np.errstate(invalid="ignore"):
         want, p_abs = b @ a.T, np.abs(b) @ np.abs(a).T
-    numerics = tq._numerics({"kind": "mx", "fmt_a": fmt_a, "fmt_b": fmt_b, "k": k,
-                             "device": "cpu" if INTERPRET else "cuda"})
+    numerics = Numerics.of(tq._numerics({"kind": "mx", "fmt_a": fmt_a, "fmt_b": fmt_b, "k": k,
+                                         "device": "cpu" if INTERPRET else "cuda"}))
     tol = tolerance.gemm_tolerances(np.nan_to_num(p_abs), np.nan_to_num(want), want, k,
                                     torch.float32, numerics, alpha=1.0,
                                     epilogue_abs=np.zeros_like(want))["out"]

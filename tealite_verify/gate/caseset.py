@@ -181,14 +181,14 @@ def select(specs: dict[str, OpSpec], backend: str, *, peers: list[str], device: 
                 continue
             kept[key] = kept.get(key, 0) + 1
             n_op += 1
-            ep = rep.outcomes[backend].numerics.get("entry_point")
+            ep = rep.outcomes[backend].numerics.entry_point
             if ep and shape_class(case) != "empty":
                 first_per_entry.setdefault(ep, case)
             yield Selected(op, backend, case, key, rep)
         for ep, case in first_per_entry.items():
             for edge, variant in edge_variants(case):
                 rep = _run(spec, variant, backend, peers, device)
-                if rep is None or rep.outcomes[backend].numerics.get("entry_point") != ep \
+                if rep is None or rep.outcomes[backend].numerics.entry_point != ep \
                         or not all(c.metrics.passed for c in rep.comparisons):
                     continue
                 yield Selected(op, backend, variant, f"{key_of(op, backend, variant)} | "

@@ -28,7 +28,7 @@ def case_record(index: int, op: str, backend: str, key: str, rep: CaseReport) ->
     o = rep.outcomes[backend]
     rec = {"index": index, "op": op, "backend": backend, "key": key, "case": rep.case,
            "status": o.status, "reason": o.reason,
-           "entry_point": o.numerics.get("entry_point"), "verdict": "n/a", "peers": {},
+           "entry_point": o.numerics.entry_point, "verdict": "n/a", "peers": {},
            "max_ratio": 0.0, "max_abs_err": 0.0, "mismatches": 0, "excused": 0,
            "failures": []}
     if o.status == "error":

@@ -14,6 +14,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from tealite.numerics import Numerics
+
 _SPECS: dict[str, "OpSpec"] = {}
 
 
@@ -29,17 +31,17 @@ class Expected:
     value: Any
     out_dtype: torch.dtype | None
     tier: str
-    bound: Callable[[Mapping[str, Any]], np.ndarray] | None = None
+    bound: Callable[[Numerics], np.ndarray] | None = None
     # Tiers that need more than one output (codes judged under the backend's own scales):
     # check(backend outputs, numerics) -> Metrics;
     # check_pair(outputs x, outputs y, numerics x, numerics y) -> Metrics.
-    check: Callable[[dict, Mapping[str, Any]], Any] | None = None
-    check_pair: Callable[[dict, dict, Mapping[str, Any], Mapping[str, Any]], Any] | None = None
+    check: Callable[[dict, Numerics], Any] | None = None
+    check_pair: Callable[[dict, dict, Numerics, Numerics], Any] | None = None
     # Opt-in probabilistic check (tolerance_prob.py), computed only when asked for:
     # prob_bound(numerics, per-case false-alarm probability) -> per-element bound, and
     # same_precision() -> the plain torch computation in the inputs' precision (float64
     # values), for the FlashAttention-style ratio.
-    prob_bound: Callable[[Mapping[str, Any], float], Any] | None = None
+    prob_bound: Callable[[Numerics, float], Any] | None = None
     same_precision: Callable[[], Any] | None = None
 
 

@@ -106,8 +106,8 @@ def reference(x, case):
         return mag, flushed
 
     def bounds(numerics, tolerances=tolerance.gemm_tolerances):
-        mag, flushed = magnitudes(numerics.get("alignment_floor"),
-                                  numerics.get("subnormal_inputs") == "may_flush")
+        mag, flushed = magnitudes(numerics.alignment_floor,
+                                  numerics.subnormal_inputs == "may_flush")
         return tolerances(mag, p, pre, case["k"], out_dt, numerics,
                           alpha=alpha, epilogue_abs=epilogue_abs,
                           gelu_out=out if case["gelu"] else None, flushed_abs=flushed)

@@ -130,7 +130,7 @@ def reference(inputs, case):
     out_dt = dtype_of(case["out_dtype"])
 
     def bound(numerics):
-        mag = aligned() if numerics.get("alignment_floor") == tolerance.FP8_CODE_ALIGNMENT \
+        mag = aligned() if numerics.alignment_floor == tolerance.FP8_CODE_ALIGNMENT \
             else p_abs
         return tolerance.gemm_tolerances(mag, p, out, case["k"], out_dt, numerics,
                                          alpha=1.0, epilogue_abs=epi)["out"]

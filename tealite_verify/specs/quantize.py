@@ -123,7 +123,7 @@ _NAN_SCALE, _IGNORE_NAN = "nan-scale", "ignore-nan"
 
 
 def _mx_policy(numerics) -> str:
-    policy = numerics.get("mx_nonfinite", _NAN_SCALE)
+    policy = numerics.mx_nonfinite or _NAN_SCALE
     if policy not in (_NAN_SCALE, _IGNORE_NAN):
         raise ValueError(f"unknown mx_nonfinite policy {policy!r}")
     return policy
@@ -172,7 +172,7 @@ def _mx_expected(x, prefix, r) -> dict:
         codes = _codes(outs, dname, fmt, k)
         if isinstance(codes, str):
             return _malformed(codes)
-        tie_ok = numerics.get("fp4_tie_rounding") == "hardware"
+        tie_ok = numerics.fp4_tie_rounding == "hardware"
         return _mx_codes_under(codes, _np(outs[sname]), x, fmt, er, _mx_policy(numerics),
                                tie_ok)
 
@@ -196,7 +196,7 @@ def _mx_expected(x, prefix, r) -> dict:
         cx, cy = _codes(ox, dname, fmt, k), _codes(oy, dname, fmt, k)
         if isinstance(cx, str) or isinstance(cy, str):
             return _malformed(cx if isinstance(cx, str) else cy)
-        ties = "hardware" in (nx.get("fp4_tie_rounding"), ny.get("fp4_tie_rounding"))
+        ties = "hardware" in (nx.fp4_tie_rounding, ny.fp4_tie_rounding)
         if _mx_policy(nx) == _mx_policy(ny) == _NAN_SCALE:
             return tolerance_quant.check_mx_codes_pair(cx, _np(ox[sname]), cy, _np(oy[sname]),
                                                        x, fmt, er, tie_tolerant=ties)
@@ -290,20 +290,20 @@ def _aiter_rule_expected(x, prefix, r, bits, scale_inv) -> dict:
         codes = _codes(outs, dname, fmt, n)
         if isinstance(codes, str):
             return _malformed(codes)
-        ulps = int(numerics.get("fp32_div_ulps", 0))
+        ulps = int(numerics.fp32_div_ulps or 0)
         if not ulps:
             return tolerance.compare_exact(codes.view(ml), bits.view(ml))
         return _codes_under_recip_bound(codes, x, _np(outs[sname]), fmt, per_row, ulps)
 
     def check_scales(outs, numerics):
-        ulps = int(numerics.get("fp32_div_ulps", 0))
+        ulps = int(numerics.fp32_div_ulps or 0)
         if not ulps:
             return tolerance.compare_exact(outs[sname], scale_inv)
         return _scale_inv_within_ulps(_np(outs[sname]), amax, fmt, ulps)
 
     def pair(check, exact_pair):
         def judge(ox, oy, nx, ny):
-            if not nx.get("fp32_div_ulps") and not ny.get("fp32_div_ulps"):
+            if not nx.fp32_div_ulps and not ny.fp32_div_ulps:
                 return exact_pair(ox, oy)
             # An approximate division on either side: each side against the reference
             # under its own bound (so where both are exact they agree bit for bit).

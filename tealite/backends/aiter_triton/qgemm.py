@@ -92,13 +92,14 @@ from tealite.backends.aiter_triton._qgemm_configs import (
     _config_args, _fp4_even_k, _ragged_k_safe, _shuffled_scales, effective_config)
 from tealite.formats import get_format
 from tealite.ops import layouts
+from tealite.numerics import FP8_CODE_ALIGNMENT
 
 _OUT = (torch.float32, torch.bfloat16, torch.float16)
 # Hopper FP8 MMA: products cut toward zero at 2^(E - 13), subnormal codes aligned at the
 # smallest normal exponent (measured on an H200, tests/test_fp8_mma_accumulator.py; tealite's
 # triton and scaled_mm backends declare the same).
 _FP8_MMA_U = 2.0 ** -13
-_FP8_CODE_ALIGNMENT = "fp8_codes"  # tealite_verify.tolerance.FP8_CODE_ALIGNMENT
+_FP8_CODE_ALIGNMENT = FP8_CODE_ALIGNMENT
 
 
 # ---- routing ----------------------------------------------------------------------------------

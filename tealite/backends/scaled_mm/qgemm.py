@@ -13,12 +13,10 @@ import torch
 
 from tealite import recipes as R
 from tealite.backends.scaled_mm import BACKEND, probes
+from tealite.numerics import FP8_CODE_ALIGNMENT
 
 _ALIGN = 16
 FP8_MMA_UNIT_ROUNDOFF = 2.0 ** -13  # Hopper FP8 tensor cores: see _numerics
-# The value of the ``alignment_floor`` numerics key for an FP8 MMA that aligns subnormal codes
-# at the smallest normal exponent (tealite_verify.tolerance.FP8_CODE_ALIGNMENT reads it).
-FP8_CODE_ALIGNMENT = "fp8_codes"
 
 
 def _is_rowwise(recipe) -> bool:

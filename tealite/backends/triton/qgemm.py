@@ -63,6 +63,7 @@ from tealite.backends.triton._qgemm_operands import (
     _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair)
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
+from tealite.numerics import FP8_CODE_ALIGNMENT
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_MAX = 2**31 - 1
@@ -78,7 +79,7 @@ _E2M1_EVEN_IN_LOW_NIBBLE = True  # TE and AITER pack element 2i in bits 0-3 of b
 # exponent (measured on an H200: tests/test_fp8_mma_accumulator.py; the scaled_mm backend
 # declares the same).
 _FP8_MMA_UNIT_ROUNDOFF = 2.0**-13
-_FP8_CODE_ALIGNMENT = "fp8_codes"  # tealite_verify.tolerance.FP8_CODE_ALIGNMENT
+_FP8_CODE_ALIGNMENT = FP8_CODE_ALIGNMENT
 
 
 # ---- per-block partial products: FP8 per-tensor / per-row / block, and MX's exact fallback -----
