@@ -12,6 +12,12 @@ comparison's metrics (timings left out).  ``check`` re-runs *the stored cases* (
 a refactor may change the strategies) and reports every difference in status, reason,
 declared numerics or metrics; exit 1 on any, 0 when identical.  The AITER gate has its own
 baseline and check: ``ci/aiter_gate.sh compare``.
+
+Record and check on the same kind of machine: interpreted Triton's fp32 ``tl.dot`` runs through
+numpy's BLAS, whose summation order depends on the CPU kernel it picks, so a few fp32 GEMM
+metrics (triton vs reference / torch) differ between CPUs while every verdict stays the same.
+The committed baseline was recorded on the CI machine kind (2-core AMD EPYC) at f17e4e1, the
+commit before issue 14's refactor began.
 """
 from __future__ import annotations
 
