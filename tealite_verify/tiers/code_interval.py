@@ -51,7 +51,7 @@ Declared numerics read here (``Backend.implements(numerics=...)``), besides the 
 ``fp32_div_ulps`` (int, default 0)
     The error, in ulps, of the backend's fp32 divisions amax / max and 1 / scale_inv (and
     1 / scale below): 0 is IEEE (the interpreter); 2 is CUDA's ``div.full.f32`` (Triton's
-    ``/``).  The same key as the plain quantize spec's (specs/quantize.py).
+    ``/``).  The same key as the plain quantize tier's (tiers/fp32_div.py).
 ``scale_inv_zero_as_one`` (bool)
     AITER's rule with ``scale_inv = 1`` wherever amax / max is 0 (AITER's fused norm kernels:
     ``tl.where(scale == 0, 1, scale)``; its plain quant kernels and tealite.quantize keep the
@@ -63,8 +63,8 @@ Declared numerics read here (``Backend.implements(numerics=...)``), besides the 
     scale_inv = fl32(1 / scale) and the kernel multiplies by fl32(1 / scale_inv) (within
     ``fp32_div_ulps``), which need not be ``scale`` again.
 ``mx_nonfinite`` ("nan-scale" default | "ignore-nan")
-    As in specs/quantize.py; the fused judge has only the "nan-scale" rule for blocks whose y
-    holds NaN / Inf (the norm / activation specs draw finite y): "ignore-nan" with such a
+    As in tiers/e8m0_adjusted.py; the fused judge has only the "nan-scale" rule for blocks
+    whose y holds NaN / Inf (the norm / activation specs draw finite y): "ignore-nan" with such a
     block is reported as not judged (a failure), never passed.
 
 Outputs the case does not require (``amax_required=False``: the op was called with

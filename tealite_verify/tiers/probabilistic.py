@@ -70,7 +70,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
