@@ -1,5 +1,5 @@
 """tealite_verify: op-level differential testing and numerics verification for tealite.
 
 float64 references (``references``), Hypothesis strategies (``strategies``), tolerance tiers
-(``tolerance``), declarative op specs (``specs``) and the differential runner (``runner``).
+(``tiers``), declarative op specs (``specs``) and the differential runner (``runner``).
 """

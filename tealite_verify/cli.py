@@ -186,12 +186,12 @@ def _probabilistic(args) -> float | None:
     """The per-case false-alarm probability asked for (``--probabilistic [P]``, implied at
     its default by ``--fail-on-suspicious``, else $TEALITE_VERIFY_PROBABILISTIC), or None;
     a bad value raises ValueError naming the option."""
-    from tealite_verify import tolerance_prob
+    from tealite_verify.tiers import probabilistic as prob
     if args.probabilistic is not None:
-        return tolerance_prob.check_probability(args.probabilistic, "--probabilistic")
+        return prob.check_probability(args.probabilistic, "--probabilistic")
     if args.fail_on_suspicious:
-        return tolerance_prob.DEFAULT_FALSE_ALARM
-    return tolerance_prob.target_from_env()
+        return prob.DEFAULT_FALSE_ALARM
+    return prob.target_from_env()
 
 
 def _prob_row(stats: dict, rep: CaseReport) -> None:
@@ -280,7 +280,7 @@ def cmd_repro(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from tealite_verify import tolerance_prob
+    from tealite_verify.tiers import probabilistic as prob
     from tealite_verify.fuzz.findings import default_corpus_dir
     from tealite_verify.fuzz.supervisor import Campaign, FuzzConfig
     from tealite_verify.fuzz.worker import plan_targets
@@ -290,7 +290,7 @@ def cmd_fuzz(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if p_case is not None:  # the workers inherit the environment (runner.run_case reads it)
-        os.environ[tolerance_prob.ENV_VAR] = repr(p_case)
+        os.environ[prob.ENV_VAR] = repr(p_case)
     seconds = args.seconds if args.seconds is not None else 60.0 * args.minutes
     cfg = FuzzConfig(ops=args.op or ["all"], backends=args.backend, dtypes=args.dtype,
                      recipe=args.recipe, seconds=seconds, seed=args.seed, device=args.device,

@@ -29,9 +29,12 @@ import torch
 from tealite import registry
 from tealite.errors import BackendUnavailable, UnsupportedCase
 from tealite.numerics import Numerics
-from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import _device as reference_device
 from tealite_verify.specs import Expected, OpSpec
+from tealite_verify.tiers import bounded
+from tealite_verify.tiers import probabilistic as prob
+from tealite_verify.tiers.exact import compare_exact
+from tealite_verify.tiers.metrics import Metrics
 
 
 @dataclass
@@ -48,7 +51,7 @@ class Comparison:
     lhs: str
     rhs: str  # "reference" or a backend name
     output: str
-    metrics: tolerance.Metrics
+    metrics: Metrics
 
 
 @dataclass
@@ -69,7 +72,7 @@ class CaseReport:
     @property
     def suspicious(self) -> list[Comparison]:
         """Comparisons with the reference within the deterministic bound but beyond the
-        probabilistic one (tolerance_prob.py); empty unless the check was asked for."""
+        probabilistic one (tiers/probabilistic.py); empty unless the check was asked for."""
         return [c for c in self.comparisons if c.rhs == "reference" and c.metrics.suspicious]
 
     @property
@@ -97,7 +100,7 @@ class CaseReport:
     def repro(self, backend: str | None = None) -> str:
         cmd = repro_command(self.op, self.case, self.device, backend)
         if self.probabilistic is not None:
-            cmd = f"{tolerance_prob.ENV_VAR}={self.probabilistic:g} {cmd}"
+            cmd = f"{prob.ENV_VAR}={self.probabilistic:g} {cmd}"
         return cmd
 
     def describe(self) -> str:
@@ -251,43 +254,30 @@ def _run_backend(spec: OpSpec, name: str, inputs: dict, case: dict,
     return Outcome(name, "ok", numerics=numerics, outputs=outputs)
 
 
-def _compare_to_reference(out, exp: Expected, numerics, outputs) -> tolerance.Metrics:
+def _compare_to_reference(out, exp: Expected, numerics, outputs) -> Metrics:
     if exp.check is not None:
         return exp.check(outputs, numerics)
     if exp.bound is None:
-        return tolerance.compare_exact(out, exp.value)
-    if out.dtype != exp.out_dtype:
-        return tolerance.Metrics(exp.tier, 0, 0, np.inf, np.inf,
-                                 shape_error=f"dtype {out.dtype} != expected {exp.out_dtype}")
-    return tolerance.compare_bounded(out, exp.value, exp.bound(numerics), exp.out_dtype,
-                                     tier=exp.tier)
+        return compare_exact(out, exp.value)
+    return bounded.judge(out, exp.value, exp.bound(numerics), exp.out_dtype, exp.tier)
 
 
-def _with_probabilistic(m, out, exp: Expected, numerics, p_case) -> tolerance.Metrics:
+def _with_probabilistic(m, out, exp: Expected, numerics, p_case) -> Metrics:
     """``m`` with the opt-in probabilistic ratio and the FlashAttention-style ratio (only for
     a deterministic pass or an ordinary mismatch: a dtype or shape error has nothing to
     measure)."""
     if m.shape_error is not None or out.dtype != exp.out_dtype:
         return m
     baseline = exp.same_precision() if exp.same_precision is not None else None
-    return tolerance_prob.with_probabilistic(m, out, exp.value, exp.prob_bound(numerics, p_case),
-                                             baseline)
+    return prob.with_probabilistic(m, out, exp.value, exp.prob_bound(numerics, p_case),
+                                   baseline)
 
 
-def _compare_pair(x, y, exp: Expected, num_x, num_y) -> tolerance.Metrics:
+def _compare_pair(x, y, exp: Expected, num_x, num_y) -> Metrics:
     if exp.bound is None:
-        return tolerance.compare_exact(x, y)
-    bound = exp.bound(num_x) + exp.bound(num_y)
-    m = tolerance.compare_bounded(x, y.detach().cpu().double().numpy(), bound, exp.out_dtype,
-                                  tier=f"{exp.tier}-pair")
-    if m.passed or m.shape_error:
-        return m
-    # Both may legitimately disagree on overflow where the reference straddles it.
-    ref_x = tolerance.compare_bounded(x, exp.value, exp.bound(num_x), exp.out_dtype)
-    ref_y = tolerance.compare_bounded(y, exp.value, exp.bound(num_y), exp.out_dtype)
-    if ref_x.passed and ref_y.passed and m.nonfinite_mismatches == m.mismatches:
-        return tolerance.Metrics(m.tier, m.numel, 0, m.max_abs_err, 1.0)
-    return m
+        return compare_exact(x, y)
+    return bounded.compare_pair(x, y, exp.value, exp.bound(num_x), exp.bound(num_y),
+                                exp.out_dtype, exp.tier.pair)
 
 
 def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
@@ -299,11 +289,11 @@ def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
     times the wait for them.  ``focus``: compute only the comparisons of that backend (it
     against the reference and against each other backend that ran), as a test judging one
     backend reports.  ``probabilistic``: the per-case false-alarm probability of the
-    opt-in probabilistic check (tolerance_prob.py), None for off, "env" (default) for
+    opt-in probabilistic check (tiers/probabilistic.py), None for off, "env" (default) for
     $TEALITE_VERIFY_PROBABILISTIC (unset: off)."""
-    probabilistic = (tolerance_prob.target_from_env() if probabilistic == "env" else
+    probabilistic = (prob.target_from_env() if probabilistic == "env" else
                      None if probabilistic is None else
-                     tolerance_prob.check_probability(probabilistic, "probabilistic"))
+                     prob.check_probability(probabilistic, "probabilistic"))
     names = list(backends) if backends is not None else sorted(registry.backends())
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -345,8 +335,8 @@ def _comparisons(ran: list[Outcome], expected: dict[str, Expected],
         for out_name, exp in expected.items():
             got = o.outputs.get(out_name)
             if got is None and exp.check is None:
-                m = tolerance.Metrics(exp.tier, 0, 0, np.inf, np.inf,
-                                      shape_error=f"output {out_name!r} missing")
+                m = Metrics(exp.tier, 0, 0, np.inf, np.inf,
+                            shape_error=f"output {out_name!r} missing")
             else:
                 m = _compare_to_reference(got, exp, o.numerics, o.outputs)
                 if probabilistic is not None and exp.prob_bound is not None:

@@ -20,7 +20,7 @@ import tealite
 from tealite.backends.torch import quantize as TQB
 from tealite.formats import ElementRounding, get_format
 from tealite.ops.quantize import QuantizedTensor
-from tealite_verify import tolerance_quant as TQ
+from tealite_verify.tiers import e8m0_adjusted as TQ
 from tealite_verify.references import quantize as ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
@@ -277,7 +277,7 @@ def _rescaler_x(fmt, where="exact"):
 def _up_where_exact_pow2(t, r, s):
     """A legitimate RCEIL variant: one exponent up where amax / max is exactly a power of two
     (a ratio rounded up by a last bit), as a GPU could compute."""
-    amax = TQ.block_amax(t.float().numpy()).astype(np.float64)
+    amax = TQ.mx_block_amax(t.float().numpy()).astype(np.float64)
     exact = (np.frexp(amax / get_format(r.fmt).max)[0] == 0.5) & (s < 254)
     return (s.astype(np.int64) + exact).astype(np.uint8)
 

@@ -1,5 +1,5 @@
 """The ``aiter_triton`` fused norm / activation -> quantize entry points, and the judge's
-knobs for AITER's conventions (tealite_verify/tolerance_fused.py).
+knobs for AITER's conventions (tealite_verify/tiers/code_interval.py).
 
 Without AITER: torch stand-ins that follow each declared AITER convention pass when they
 declare it and fail when they do not (the knobs are real), and MXFP4 / AITER's rule are fused

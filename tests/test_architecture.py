@@ -120,9 +120,13 @@ def test_library_modules_import_no_cli():
 
 
 def test_tiers_import_no_specs():
-    tiers = [m for m in GRAPH if m.startswith("tealite_verify.tolerance")]
-    assert not [f"{a} -> {b}" for a in tiers for b in GRAPH[a]
-                if b.startswith("tealite_verify.specs")]
+    """Tiers sit below specs, the runner and the CLI: they import none of them (and no old
+    tolerance module is left beside the package)."""
+    tiers = [m for m in GRAPH if m.startswith("tealite_verify.tiers")]
+    assert "tealite_verify.tiers.metrics" in tiers
+    assert not [m for m in GRAPH if m.startswith("tealite_verify.tolerance")]
+    above = ("tealite_verify.specs", "tealite_verify.runner", "tealite_verify.cli")
+    assert not [f"{a} -> {b}" for a in tiers for b in GRAPH[a] if b.startswith(above)]
 
 
 def test_the_checks_can_fail(tmp_path):

@@ -14,7 +14,7 @@ Each product so loses up to one unit of 2^-13 relative to 2^E: ``accumulator_uni
 declared, under which a 2.5-minute H200 campaign reported 3 qgemm cases on both scaled_mm and
 triton (which agree bit for bit there): false alarms.  With subnormal codes 2^E can exceed the
 product by 8x (e4m3) / 4x (e5m2): the backends declare ``alignment_floor`` =
-``tolerance.FP8_CODE_ALIGNMENT`` and the qgemm tier bounds the error by K 2^-13 max(|B||A|,
+``FP8_CODE_ALIGNMENT`` and the qgemm tier bounds the error by K 2^-13 max(|B||A|,
 max_k |b_k|'|a_k|'), subnormal codes lifted (specs/qgemm.py ``_AlignedMagnitude``).
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from tealite.numerics import Numerics
 
 from tealite import recipes as R
 from tealite.backends.scaled_mm import qgemm as smm
-from tealite_verify import tolerance
+from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite_verify.tiers import gemm as TG
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 from tealite_verify.specs import qgemm as qspec
@@ -202,18 +203,18 @@ def _subnormal_case():
 def test_subnormal_alignment_is_bounded_once_codes_are_lifted():
     """The measured loss (31 * 1.875 * 2^-12 = 0.0142) is 4x the gemm tier's
     gamma_32(2^-13) |A||B| = 0.0035, and within it once |codes| are lifted as the tensor core
-    aligns them (tolerance.aligned_magnitude with the code format: the ``alignment_floor``
+    aligns them (TG.aligned_magnitude with the code format: the ``alignment_floor``
     rule the plain GEMM spec already applies to fp16 / bf16 tensor cores)."""
     _, _, a, b = _subnormal_case()
     av, bv = a.double().numpy(), b.double().numpy()
     got = hopper_fp8_acc(bv, av, -6, -6).astype(np.float64)
     err = np.abs(got - bv @ av.T)
     numerics = Numerics.of(smm._numerics({"device": "cuda"}))
-    plain = tolerance.gemm_error(np.abs(bv) @ np.abs(av).T, bv @ av.T, 32, numerics)
+    plain = TG.gemm_error(np.abs(bv) @ np.abs(av).T, bv @ av.T, 32, numerics)
     e4 = torch.float8_e4m3fn
-    lifted = tolerance.aligned_magnitude(bv, e4) @ tolerance.aligned_magnitude(av, e4).T
+    lifted = TG.aligned_magnitude(bv, e4) @ TG.aligned_magnitude(av, e4).T
     assert err[0, 0] > 3 * plain[0, 0]
-    assert err[0, 0] <= tolerance.gemm_error(lifted, bv @ av.T, 32, numerics)[0, 0]
+    assert err[0, 0] <= TG.gemm_error(lifted, bv @ av.T, 32, numerics)[0, 0]
 
 
 def test_qgemm_tier_accepts_subnormal_alignment(make_backend):

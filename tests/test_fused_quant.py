@@ -1,5 +1,5 @@
 """Fused norm / activation -> FP8 / MXFP8 quantize (tealite.ops.fused): the reference, the
-``code-interval`` tier (tealite_verify/tolerance_fused.py), seeded wrong backends that the
+``code-interval`` tier (tealite_verify/tiers/code_interval.py), seeded wrong backends that the
 specs catch, legitimate differences they accept, the Triton kernels under the interpreter, and
 bad input.
 
@@ -26,7 +26,7 @@ from tealite.backends.torch import norms as TNORM
 from tealite.backends.torch import quantize as TQB
 from tealite.formats import ElementRounding, ScaleRounding, get_format
 from tealite.ops.activations import GATED
-from tealite_verify import tolerance_fused as TFU
+from tealite_verify.tiers import code_interval as TFU
 from tealite_verify.references import fused as fref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec

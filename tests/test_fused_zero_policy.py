@@ -25,7 +25,7 @@ from tealite.backends.torch import activations as TACT
 from tealite.backends.torch import fused as TF
 from tealite.backends.torch import norms as TNORM
 from tealite.backends.torch import quantize as TQB
-from tealite_verify import tolerance_fused as TFU
+from tealite_verify.tiers import code_interval as TFU
 from tealite_verify.references import activations as act_ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec

@@ -1,6 +1,6 @@
-"""Quantization tolerance tiers (tealite_verify.tolerance_quant, specs/quantize.py): seeded
-wrong quantize backends, end to end through the registry and run_case.  Each fails against the
-reference (and pairwise against torch) while torch passes.
+"""Quantization tolerance tiers (tealite_verify/tiers/e8m0_adjusted.py and fp4_ties.py,
+specs/quantize.py): seeded wrong quantize backends, end to end through the registry and
+run_case.  Each fails against the reference (and pairwise against torch) while torch passes.
 
 Harness / library bugs found here, now fixed, kept as regression tests (each docstring says
 what it guards): the RCEIL excuse limited to rceil_allowed_bytes (not any +-1: the saturating
@@ -25,7 +25,7 @@ import tealite
 from tealite import recipes as R
 from tealite.backends.torch import quantize as TQB
 from tealite.formats import ScaleRounding, get_format
-from tealite_verify import tolerance_quant as TQ
+from tealite_verify.tiers import e8m0_adjusted as TQ
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 
@@ -254,7 +254,7 @@ def _bump_fn(delta, pick):
 
 
 def _first_non_ambiguous(t, r, s):
-    amax = TQ.block_amax(t.float().numpy())
+    amax = TQ.mx_block_amax(t.float().numpy())
     ok = ~TQ.rceil_ambiguous(amax, r.fmt) & np.isfinite(amax) & (amax > 0) & (s > 2) \
         & (s < 250)
     assert ok.any()
@@ -275,7 +275,7 @@ def test_wrong_scale_off_by_one_outside_ambiguity(make_backend, case, delta):
     m = metrics(report, name, "reference", "scale_inv")
     assert (m.mismatches, m.excused) == (1, 0), m.summary()
     x = get_spec("quantize").make_inputs(case, "cpu")["x"].float().numpy()
-    assert not TQ.rceil_ambiguous(TQ.block_amax(x)[m.worst_index], case["recipe"]["fmt"])
+    assert not TQ.rceil_ambiguous(TQ.mx_block_amax(x)[m.worst_index], case["recipe"]["fmt"])
     assert metrics(report, name, "reference", "data").passed  # codes consistent with it
 
 

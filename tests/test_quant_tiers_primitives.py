@@ -1,6 +1,6 @@
-"""Quantization tolerance tiers (tealite_verify.tolerance_quant): the tier primitives on crafted
-arrays (rceil_ambiguous, rceil_allowed_bytes, check_mx_scales, check_mx_codes) and the RCEIL
-facts they rest on.  End to end: test_quant_seeded_bugs.py (wrong backends that must be caught)
+"""Quantization tolerance tiers (tealite_verify/tiers/e8m0_adjusted.py): the tier primitives
+on crafted arrays (rceil_ambiguous, rceil_allowed_bytes, check_mx_scales, check_mx_codes) and
+the RCEIL facts they rest on.  End to end: test_quant_seeded_bugs.py (wrong backends that must be caught)
 and test_quant_legit_differences.py (legitimate differences that must pass).
 
 Harness / library bugs found here, now fixed, kept as regression tests (each docstring says
@@ -26,7 +26,7 @@ import torch
 import tealite
 from tealite import recipes as R
 from tealite.formats import get_format
-from tealite_verify import tolerance_quant as TQ
+from tealite_verify.tiers import e8m0_adjusted as TQ
 from tealite_verify.references import quantize as ref
 
 from _helpers_quant import (A_E2M1, A_E4M3, E8M0_NAN, F32, TORCH_Q, _tiny_x,
@@ -93,7 +93,7 @@ def _scales_and_x(fmt="e4m3", mode="rceil"):
     x[2, :32] = np.nan
     x[2, 32:64] = 0.0
     x[2, 64] = np.nextafter(F32(fmax * 16), F32(np.inf))
-    return x, ref.e8m0_scale(TQ.block_amax(x), fmt, mode)
+    return x, ref.e8m0_scale(TQ.mx_block_amax(x), fmt, mode)
 
 
 def test_check_mx_scales_exact_and_rceil_excuse():
@@ -184,7 +184,7 @@ def _codes_x():
     x[0, 32:40] = np.array([6, 1.25, 2.5, -5, 1.4, 0.2, 3, 1.75], F32) * 8
     x[1, :4] = [-6, 2.5, 2.6, 0.75]
     x[1, 32:36] = [1.0, np.nan, 2.0, 3.0]
-    s = ref.e8m0_scale(TQ.block_amax(x), "e2m1", "floor")
+    s = ref.e8m0_scale(TQ.mx_block_amax(x), "e2m1", "floor")
     return x, s
 
 
@@ -247,7 +247,7 @@ def test_fp4_ties_at_quarter_excused():
     sign's 0.5, is not a tie and still fails."""
     x = np.zeros((1, 32), F32)
     x[0, :4] = [6, 0.25, -0.25, 1.25]
-    s = ref.e8m0_scale(TQ.block_amax(x), "e2m1", "floor")
+    s = ref.e8m0_scale(TQ.mx_block_amax(x), "e2m1", "floor")
     away = ref.mx_codes_with_scales(x, s, "e2m1", "ties_away")
     m = TQ.check_mx_codes(away, s, x, "e2m1", "rne", tie_tolerant=True)
     assert m.passed and m.excused == 3, m

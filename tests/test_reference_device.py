@@ -587,14 +587,14 @@ def test_runner_verdicts_unchanged_with_device_references(op, monkeypatch):
 
 def _record_device_compares(monkeypatch):
     """Record the device of every comparison decided on the reference device."""
-    from tealite_verify import tolerance
-    seen, real = [], tolerance._all_finite_within_torch
+    from tealite_verify.tiers import bounded as TB
+    seen, real = [], TB._all_finite_within_torch
 
     def record(tier, actual, e, tol, thr):
         seen.append(e.device.type)
         return real(tier, actual, e, tol, thr)
 
-    monkeypatch.setattr(tolerance, "_all_finite_within_torch", record)
+    monkeypatch.setattr(TB, "_all_finite_within_torch", record)
     return seen
 
 
@@ -654,14 +654,14 @@ def test_device_comparison_reaches_the_numpy_verdicts_on_drawn_cases(op, monkeyp
         raise TypeError("a tensor on the reference device was turned into numpy implicitly")
 
     monkeypatch.setattr(torch.Tensor, "__array__", no_implicit_numpy)
-    from tealite_verify import tolerance
-    real, kinds = tolerance.compare_bounded, set()
+    from tealite_verify.tiers import bounded as TB
+    real, kinds = TB.compare_bounded, set()
 
     def typed(actual, expected, tol, out_dtype, **kw):
         kinds.add((type(expected).__name__, type(tol).__name__))
         return real(actual, expected, tol, out_dtype, **kw)
 
-    monkeypatch.setattr(tolerance, "compare_bounded", typed)
+    monkeypatch.setattr(TB, "compare_bounded", typed)
     routed = [runner.run_case(spec, c, backends=["torch"], device="cpu") for c in cases]
     assert on_device and kinds == {("Tensor", "Tensor")}, kinds
     for c, p, r in zip(cases, plain, routed):

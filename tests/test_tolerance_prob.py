@@ -1,5 +1,5 @@
 """The opt-in probabilistic GEMM bound and its "suspicious" verdict (issue 13, part 5;
-tealite_verify/tolerance_prob.py, docs/probabilistic.md).
+tealite_verify/tiers/probabilistic.py, docs/probabilistic.md).
 
 Higham & Mary (SIAM J. Sci. Comput. 2019): with mean-zero independent rounding errors an
 n-term inner product is within gamma~_n(lambda) sum|a_i b_i|, gamma~_n = exp(lambda sqrt(n) u +
@@ -20,8 +20,9 @@ import pytest
 import torch
 from tealite.numerics import Numerics
 
-from tealite_verify import tolerance as T
-from tealite_verify import tolerance_prob as TP
+from tealite_verify.tiers import gemm as TG
+from tealite_verify.tiers import primitives as TPR
+from tealite_verify.tiers import probabilistic as TP
 from tealite_verify.cli import main
 from tealite_verify.fuzz import report as fuzz_report
 from tealite_verify.fuzz import worker as fuzz_worker
@@ -83,8 +84,8 @@ def test_gamma_tilde_matches_higham_mary():
     assert TP.gamma_tilde(n, u, lam) == pytest.approx(lam * math.sqrt(n) * u, rel=1e-4)
     g = TP.accumulation_gamma(lam)
     # sqrt(K) growth where lambda sqrt(K) < K, the deterministic gamma_K below that.
-    assert g(4096, u) == TP.gamma_tilde(4096, u, lam) < T.gamma(4096, u) / 7
-    assert g(16, u) == T.gamma(16, u) < TP.gamma_tilde(16, u, lam)
+    assert g(4096, u) == TP.gamma_tilde(4096, u, lam) < TPR.gamma(4096, u) / 7
+    assert g(16, u) == TPR.gamma(16, u) < TP.gamma_tilde(16, u, lam)
 
 
 def test_prob_bound_is_the_deterministic_one_with_gamma_tilde():
@@ -95,13 +96,13 @@ def test_prob_bound_is_the_deterministic_one_with_gamma_tilde():
     p, p_abs = a @ b, np.abs(a) @ np.abs(b)
     num = Numerics(compute_dtype=torch.float32)
     kw = dict(alpha=1.0, epilogue_abs=np.zeros_like(p))
-    det = T.gemm_error(p_abs, p, 4096, num)
+    det = TG.gemm_error(p_abs, p, 4096, num)
     lam = TP.lambda_for(P, TP.rounding_events(p.size, 4096), U32)
-    prob = T.gemm_error(p_abs, p, 4096, num, accumulation_gamma=TP.accumulation_gamma(lam))
-    np.testing.assert_allclose(det - prob, (T.gamma(4096, U32) - TP.gamma_tilde(4096, U32, lam))
+    prob = TG.gemm_error(p_abs, p, 4096, num, accumulation_gamma=TP.accumulation_gamma(lam))
+    np.testing.assert_allclose(det - prob, (TPR.gamma(4096, U32) - TP.gamma_tilde(4096, U32, lam))
                                * p_abs, rtol=1e-9)
     full = TP.gemm_prob_tolerances(p_abs, p, p, 4096, torch.float32, num, P, **kw)["out"]
-    assert (full < T.gemm_tolerances(p_abs, p, p, 4096, torch.float32, num, **kw)["out"]).all()
+    assert (full < TG.gemm_tolerances(p_abs, p, p, 4096, torch.float32, num, **kw)["out"]).all()
 
 
 @pytest.mark.parametrize("declared", [{"accumulator_unit_roundoff": 2.0 ** -23},
@@ -116,7 +117,7 @@ def test_truncating_accumulators_keep_the_deterministic_bound(declared):
     kw = dict(alpha=1.0, epilogue_abs=np.zeros_like(p))
     np.testing.assert_array_equal(
         TP.gemm_prob_tolerances(p_abs, p, p, 2048, torch.float16, num, P, **kw)["out"],
-        T.gemm_tolerances(p_abs, p, p, 2048, torch.float16, num, **kw)["out"])
+        TG.gemm_tolerances(p_abs, p, p, 2048, torch.float16, num, **kw)["out"])
 
 
 # ---- correct backends: no false alarm ----------------------------------------------------------

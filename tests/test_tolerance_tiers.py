@@ -16,7 +16,10 @@ from tealite.numerics import Numerics
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 
-from tealite_verify import tolerance as T
+from tealite_verify.tiers import bounded as TB
+from tealite_verify.tiers import gemm as TG
+from tealite_verify.tiers import primitives as TPR
+from tealite_verify.tiers import ulp as TU
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 
@@ -38,7 +41,7 @@ def test_round_once_helper_is_correctly_rounded():
     for dt in (BF16, FP16):
         r = _round_once(x, dt).double()
         # |r - x| <= half a ULP, and no representable neighbour is strictly closer.
-        half = torch.from_numpy(0.5 * T.ulp(dt, x.abs().numpy()))
+        half = torch.from_numpy(0.5 * TPR.ulp(dt, x.abs().numpy()))
         assert ((r - x).abs() <= half).all()
 
 
@@ -49,22 +52,23 @@ def test_ulp_tier_correct_rounding_passes_one_ulp_off_fails(dtype):
                      torch.exp2(torch.empty(1000, dtype=FP64).uniform_(-12, 12, generator=g))])
     ref_np = ref.numpy()
     # Bound of an op computed in fp32 (magnitude = |ref|: no cancellation) and rounded once.
-    tol = T.elementwise_tolerance(ref_np, np.abs(ref_np), dtype, NUM32, ops=4)
+    tol = TU.elementwise_tolerance(ref_np, np.abs(ref_np), dtype, NUM32, ops=4)
     good = _round_once(ref, dtype)
-    m = T.compare_bounded(good, ref_np, tol, dtype, tier="ulp")
+    m = TB.compare_bounded(good, ref_np, tol, dtype, tier="ulp")
     assert m.passed and m.max_ratio <= 1.0, m.summary()
     # The fp32 value rounded by torch (double rounding is covered by the fp32 compute term).
-    assert T.compare_bounded(ref.float().to(dtype), ref_np, tol, dtype).passed
+    assert TB.compare_bounded(ref.float().to(dtype), ref_np, tol, dtype).passed
     # Next representable value away from zero: exactly one output ULP off.
     bad = good.clone()
     bad.view(torch.int16).add_(1)
-    assert ((bad.double() - good.double()).abs().numpy() == T.ulp(dtype, good.double().numpy())).all()
-    m = T.compare_bounded(bad, ref_np, tol, dtype, tier="ulp")
+    assert ((bad.double() - good.double()).abs().numpy()
+            == TPR.ulp(dtype, good.double().numpy())).all()
+    m = TB.compare_bounded(bad, ref_np, tol, dtype, tier="ulp")
     assert m.mismatches > 0.4 * m.numel, m.summary()
     assert m.max_ratio > 1.5
     # Scaling by (1 + ulp) before rounding (a relative one-ULP error) is also caught.
     scaled = (ref * (1 + ULP_REL[dtype])).float().to(dtype)
-    m = T.compare_bounded(scaled, ref_np, tol, dtype, tier="ulp")
+    m = TB.compare_bounded(scaled, ref_np, tol, dtype, tier="ulp")
     assert m.mismatches > 0.4 * m.numel, m.summary()
 
 
@@ -72,9 +76,9 @@ def test_ulp_tier_fp32_output_is_the_compute_error():
     """With an fp32 output the bound is the compute error (a few u): 8 ULPs off is caught."""
     g = torch.Generator().manual_seed(6)
     ref = torch.randn(3000, generator=g, dtype=FP64)
-    tol = T.elementwise_tolerance(ref.numpy(), np.abs(ref.numpy()), FP32, NUM32, ops=4)
-    assert T.compare_bounded(ref.float(), ref.numpy(), tol, FP32).passed
-    m = T.compare_bounded((ref * (1 + 8 * 2.0**-23)).float(), ref.numpy(), tol, FP32)
+    tol = TU.elementwise_tolerance(ref.numpy(), np.abs(ref.numpy()), FP32, NUM32, ops=4)
+    assert TB.compare_bounded(ref.float(), ref.numpy(), tol, FP32).passed
+    m = TB.compare_bounded((ref * (1 + 8 * 2.0**-23)).float(), ref.numpy(), tol, FP32)
     assert m.mismatches > 0.9 * m.numel
 
 
@@ -97,7 +101,7 @@ def _gemm_data(dtype, m, n, k, dist, seed):
 
 def _gemm_tol(p, p_abs, k, in_dt, out_dt, numerics=NUM32, alpha=1.0):
     # ``p`` is the product before alpha; ``pre`` = alpha * p (no beta, no bias here).
-    return T.gemm_tolerances(p_abs, p, alpha * p, k, out_dt, numerics,
+    return TG.gemm_tolerances(p_abs, p, alpha * p, k, out_dt, numerics,
                              alpha=alpha, epilogue_abs=np.zeros_like(p))["out"]
 
 
@@ -114,9 +118,9 @@ def test_gemm_tier_correct_passes_scaled_by_one_ulp_fails(dtype, k):
         a, b, p, p_abs = _gemm_data(dtype, 48, 40, k, dist, seed=k)
         tol = _gemm_tol(p, p_abs, k, dtype, dtype)
         acc = a.float() @ b.float()  # exact products, fp32 accumulation
-        good = T.compare_bounded(acc.to(dtype), p, tol, dtype, tier="gemm")
+        good = TB.compare_bounded(acc.to(dtype), p, tol, dtype, tier="gemm")
         assert good.passed and good.max_ratio <= 1.0, (dist, good.summary())
-        bad = T.compare_bounded((acc * (1 + ULP_REL[dtype])).to(dtype), p, tol, dtype,
+        bad = TB.compare_bounded((acc * (1 + ULP_REL[dtype])).to(dtype), p, tol, dtype,
                                 tier="gemm")
         if dist == "positive" or k <= 541 or dtype == BF16:
             # Zero-mean data at K=4096 is only asserted for bf16 (see the comment above).
@@ -136,13 +140,13 @@ def test_gemm_tier_alpha_and_unfused_epilogue(dtype):
     tol = _gemm_tol(p, p_abs, k, dtype, FP32, num, alpha=alpha)
     acc_rounded = (a.float() @ b.float()).to(dtype)
     good = (acc_rounded.float() * alpha)
-    assert T.compare_bounded(good, alpha * p, tol, FP32).passed
+    assert TB.compare_bounded(good, alpha * p, tol, FP32).passed
     # The same data judged with a fused (single rounding) declaration is too tight: the
     # declaration matters -- this is what ``accumulator_rounded_to`` is for.
     tight = _gemm_tol(p, p_abs, k, dtype, FP32, NUM32, alpha=alpha)
-    assert not T.compare_bounded(good, alpha * p, tight, FP32).passed
+    assert not TB.compare_bounded(good, alpha * p, tight, FP32).passed
     bad = acc_rounded.float() * (alpha * (1 + ULP_REL[dtype]))
-    assert not T.compare_bounded(bad, alpha * p, tol, FP32).passed
+    assert not TB.compare_bounded(bad, alpha * p, tol, FP32).passed
 
 
 # fp32 output: a one-ULP (2^-23) scale error is NOT detectable by a sound deterministic bound
@@ -156,15 +160,15 @@ def test_gemm_tier_fp32_output():
         a, b, p, p_abs = _gemm_data(FP32, 40, 48, k, "normal", seed=k)
         tol = _gemm_tol(p, p_abs, k, FP32, FP32)
         acc = a @ b
-        assert T.compare_bounded(acc, p, tol, FP32).passed
+        assert TB.compare_bounded(acc, p, tol, FP32).passed
         # A different summation order (reversed K, fp32) is equally correct.
         acc_rev = a.flip(1) @ b.flip(0)
-        assert T.compare_bounded(acc_rev, p, tol, FP32).passed
+        assert TB.compare_bounded(acc_rev, p, tol, FP32).passed
         # Sound bound: one fp32 ULP of scale is (by design) invisible.
-        assert T.compare_bounded(acc * (1 + 2.0**-23), p, tol, FP32).passed
+        assert TB.compare_bounded(acc * (1 + 2.0**-23), p, tol, FP32).passed
     a, b, p, p_abs = _gemm_data(FP32, 40, 48, 64, "normal", seed=64)
     tol = _gemm_tol(p, p_abs, 64, FP32, FP32)
-    m = T.compare_bounded((a @ b) * (1 + 2.0**-10), p, tol, FP32, tier="gemm")
+    m = TB.compare_bounded((a @ b) * (1 + 2.0**-10), p, tol, FP32, tier="gemm")
     assert m.mismatches > 0.8 * m.numel, m.summary()
 
 
@@ -180,10 +184,10 @@ def test_gemm_tier_tf32_declaration():
     a_t, b_t = to_tf32(a), to_tf32(b)
     assert not torch.equal(a_t, a) and ((a_t - a).abs() <= a.abs() * 2.0**-11).all()
     out = a_t @ b_t
-    assert not T.compare_bounded(out, p, _gemm_tol(p, p_abs, k, FP32, FP32), FP32).passed
+    assert not TB.compare_bounded(out, p, _gemm_tol(p, p_abs, k, FP32, FP32), FP32).passed
     tol = _gemm_tol(p, p_abs, k, FP32, FP32, Numerics(compute_dtype=FP32,
                                                 matmul_input_rounding="tf32"))
-    assert T.compare_bounded(out, p, tol, FP32).passed
+    assert TB.compare_bounded(out, p, tol, FP32).passed
 
 
 # ============================================================================================

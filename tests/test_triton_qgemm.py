@@ -14,7 +14,7 @@ import triton.language as tl
 from tealite import registry
 from tealite import recipes as R
 from tealite.backends.triton import INTERPRET
-from tealite_verify import tolerance
+from tealite_verify.tiers import gemm as TG
 from tealite_verify.references import quantize as qref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
@@ -302,7 +302,7 @@ def _edge_mismatches(case, fmt_a, fmt_b) -> int:
         want, p_abs = b @ a.T, np.abs(b) @ np.abs(a).T
     numerics = Numerics.of(tq._numerics({"kind": "mx", "fmt_a": fmt_a, "fmt_b": fmt_b, "k": k,
                                          "device": "cpu" if INTERPRET else "cuda"}))
-    tol = tolerance.gemm_tolerances(np.nan_to_num(p_abs), np.nan_to_num(want), want, k,
+    tol = TG.gemm_tolerances(np.nan_to_num(p_abs), np.nan_to_num(want), want, k,
                                     torch.float32, numerics, alpha=1.0,
                                     epilogue_abs=np.zeros_like(want))["out"]
     nan = np.isnan(want)

@@ -22,7 +22,7 @@ class OpBackend:
     errors: int = 0
     max_ratio: float = 0.0
     findings: int = 0
-    # Opt-in probabilistic check (tolerance_prob.py): cases it judged, suspicious ones, the
+    # Opt-in probabilistic check (tiers/probabilistic.py): cases it judged, suspicious ones, the
     # worst prob err/bound and FlashAttention-style ratio, and prob err/bound per bucket.
     prob_cases: int = 0
     suspicious: int = 0

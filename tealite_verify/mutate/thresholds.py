@@ -10,9 +10,9 @@ the threshold is the op's best case, and a cancelling element elsewhere can hide
 Reported per (op, dtype): the largest threshold over the cases (what is caught on *every*
 case) and the median; ``None`` when some case does not catch even 2^20.  The tiers judge values
 near zero at an absolute resolution (the compute format's smallest normal, times what the
-value is multiplied by later: ``tolerance.underflow_error``), so an all-zero or subnormal-range
-output hides any k up to 2^20 by design; ``every_normal`` is the every-case figure over the
-cases whose moved element is at least :data:`NORMAL_FLOOR` in magnitude.
+value is multiplied by later: ``tiers.primitives.underflow_error``), so an all-zero or
+subnormal-range output hides any k up to 2^20 by design; ``every_normal`` is the every-case
+figure over the cases whose moved element is at least :data:`NORMAL_FLOOR` in magnitude.
 """
 from __future__ import annotations
 

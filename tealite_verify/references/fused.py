@@ -4,7 +4,7 @@
 
 That quantization is what a fused kernel whose fp32 y happened to equal round32(y_ref) would
 write.  A real kernel's fp32 y carries its own rounding error, so its codes are not bit-exact
-against this reference: tealite_verify/tolerance_fused.py judges them against an error bound
+against this reference: tealite_verify/tiers/code_interval.py judges them against an error bound
 on y.  ``quantize_rows`` is also the e = 0 limit of that tier (bit-exact).
 
 Recipes are the JSON dicts of tealite_verify.strategies.recipes:

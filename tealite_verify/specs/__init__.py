@@ -16,12 +16,14 @@ import torch
 
 from tealite.numerics import Numerics
 
+from tealite_verify.tiers.metrics import Tier
+
 _SPECS: dict[str, "OpSpec"] = {}
 
 
 @dataclass(frozen=True)
 class Expected:
-    """The reference's verdict on one output.
+    """The reference's verdict on one output: the tier that judges it and what the tier needs.
 
     ``value``: float64 reference (numpy), or for the exact tier the expected tensor.
     ``bound(numerics) -> per-element tolerance``: None means the exact tier (unless
@@ -30,19 +32,22 @@ class Expected:
 
     value: Any
     out_dtype: torch.dtype | None
-    tier: str
+    tier: Tier
     bound: Callable[[Numerics], np.ndarray] | None = None
     # Tiers that need more than one output (codes judged under the backend's own scales):
     # check(backend outputs, numerics) -> Metrics;
     # check_pair(outputs x, outputs y, numerics x, numerics y) -> Metrics.
     check: Callable[[dict, Numerics], Any] | None = None
     check_pair: Callable[[dict, dict, Numerics, Numerics], Any] | None = None
-    # Opt-in probabilistic check (tolerance_prob.py), computed only when asked for:
+    # Opt-in probabilistic check (tiers/probabilistic.py), computed only when asked for:
     # prob_bound(numerics, per-case false-alarm probability) -> per-element bound, and
     # same_precision() -> the plain torch computation in the inputs' precision (float64
     # values), for the FlashAttention-style ratio.
     prob_bound: Callable[[Numerics, float], Any] | None = None
     same_precision: Callable[[], Any] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "tier", Tier(self.tier))  # a misspelled label is an error
 
 
 @dataclass(frozen=True)

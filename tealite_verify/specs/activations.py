@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import tealite
 from tealite.ops.activations import GATED, KINDS, POINTWISE, output_shape
 from tealite_verify import coverage as cov
-from tealite_verify import tolerance as tol
 from tealite_verify.references import activations as ref
 from tealite_verify.references._device import namespace
 from tealite_verify.references._special import SQRT_2_OVER_PI, normal_pdf, sigmoid
@@ -24,6 +23,8 @@ from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tiers import ulp
+from tealite_verify.tiers.metrics import Tier
 
 _LIMITS = {"ci": (24, 256), "local": (128, 2048), "large": (1024, 4096)}
 OPS = 8  # rounded operations per element in any kind's formula (generous)
@@ -133,7 +134,7 @@ def underflow_scale(kind, x):
 
 
 def _expected(value, mag, dt, reduction=0, amp=1.0):
-    return Expected(value, dt, "ulp", lambda n: tol.elementwise_tolerance(
+    return Expected(value, dt, Tier.ULP, lambda n: ulp.elementwise_tolerance(
         value, mag + namespace(value).abs(value), dt, n, ops=OPS, reduction=reduction,
         underflow_scale=amp))
 

@@ -15,6 +15,7 @@ from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import generate
+from tealite_verify.tiers.metrics import Tier
 
 
 @st.composite
@@ -53,8 +54,8 @@ def reference(inputs, case):
     history, scale = ref.delayed_scaling_update(
         inputs["amax_history"].astype(np.float32), inputs["scale"].astype(np.float32),
         case["fmt"], case["margin"], case["algo"])
-    return {"amax_history": Expected(history, torch.float32, "exact"),
-            "scale": Expected(scale, torch.float32, "exact")}
+    return {"amax_history": Expected(history, torch.float32, Tier.EXACT),
+            "scale": Expected(scale, torch.float32, Tier.EXACT)}
 
 
 register(OpSpec(

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 import tealite
 from tealite.ops.gemm import LAYOUTS
 from tealite_verify import coverage as cov
-from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import gemm as ref
 from tealite_verify.references import _device as reference_device
 from tealite_verify.references._device import namespace
@@ -19,6 +18,9 @@ from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tiers import gemm as gemm_tier
+from tealite_verify.tiers import probabilistic
+from tealite_verify.tiers.metrics import Tier
 
 _LIMITS = {"ci": (48, 256), "local": (160, 2048), "large": (1024, 8192)}
 
@@ -98,14 +100,14 @@ def reference(x, case):
     @functools.cache  # one set of products per declaration, whichever outputs and bounds ask
     def magnitudes(floor, may_flush):
         mag = p_abs if floor is None else ref.product(
-            tolerance.aligned_magnitude(a, floor), tolerance.aligned_magnitude(b, floor), layout)
+            gemm_tier.aligned_magnitude(a, floor), gemm_tier.aligned_magnitude(b, floor), layout)
         flushed = None
         if may_flush:
-            flushed = p_abs - ref.product(tolerance.normal_magnitude(a, in_dt),
-                                          tolerance.normal_magnitude(b, in_dt), layout)
+            flushed = p_abs - ref.product(gemm_tier.normal_magnitude(a, in_dt),
+                                          gemm_tier.normal_magnitude(b, in_dt), layout)
         return mag, flushed
 
-    def bounds(numerics, tolerances=tolerance.gemm_tolerances):
+    def bounds(numerics, tolerances=gemm_tier.gemm_tolerances):
         mag, flushed = magnitudes(numerics.alignment_floor,
                                   numerics.subnormal_inputs == "may_flush")
         return tolerances(mag, p, pre, case["k"], out_dt, numerics,
@@ -113,15 +115,15 @@ def reference(x, case):
                           gelu_out=out if case["gelu"] else None, flushed_abs=flushed)
 
     def prob_bounds(numerics, p_case):  # opt-in: gamma_K -> Higham-Mary's gamma~_K
-        return bounds(numerics, functools.partial(tolerance_prob.gemm_prob_tolerances,
+        return bounds(numerics, functools.partial(probabilistic.gemm_prob_tolerances,
                                                   p_case=p_case))
 
     baseline = functools.cache(lambda: same_precision(x, case))
-    expected = {"out": Expected(out, out_dt, "gemm", lambda num: bounds(num)["out"],
+    expected = {"out": Expected(out, out_dt, Tier.GEMM, lambda num: bounds(num)["out"],
                                 prob_bound=lambda num, pc: prob_bounds(num, pc)["out"],
                                 same_precision=lambda: baseline()[0])}
     if case["gelu"]:
-        expected["pre_gelu"] = Expected(pre, out_dt, "gemm", lambda num: bounds(num)["pre"],
+        expected["pre_gelu"] = Expected(pre, out_dt, Tier.GEMM, lambda num: bounds(num)["pre"],
                                         prob_bound=lambda num, pc: prob_bounds(num, pc)["pre"],
                                         same_precision=lambda: baseline()[1])
     return expected

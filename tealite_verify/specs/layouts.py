@@ -1,12 +1,7 @@
-"""Specs for AITER's weight shuffle and E8M0 scale shuffle (and their inverses).
-
-Shuffle tier: the backend's shuffled output is un-shuffled with the reference inverse and
-compared bit-exactly with the input in plain layout; the padding of a shuffled scale array is
-reported (how much, whether it was zero-filled), never compared as data.
+"""Specs for AITER's weight shuffle and E8M0 scale shuffle (and their inverses), judged by the
+``shuffle`` tier (tiers/shuffle.py) and their round trips by the ``exact`` tier.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import torch
@@ -15,12 +10,14 @@ from hypothesis import strategies as st
 import tealite
 from tealite.ops.layouts import weight_tile
 from tealite_verify import coverage as cov
-from tealite_verify import tolerance
 from tealite_verify.references import layouts as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.shapes import dim
 from tealite_verify.strategies.values import seeds
+from tealite_verify.tiers import shuffle
+from tealite_verify.tiers.exact import compare_exact
+from tealite_verify.tiers.metrics import Tier
 
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16,
                  "e4m3": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz,
@@ -34,11 +31,6 @@ def _raw(shape, dtype, seed, device):
     n = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
     return torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8).view(dtype) \
         .reshape(shape).to(device)
-
-
-def _bits(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().contiguous()
-    return t.view(torch.uint8 if t.element_size() == 1 else torch.int16).numpy()
 
 
 @st.composite
@@ -66,16 +58,14 @@ def weight_reference(inputs, case):
     bn, bk, kv = weight_tile(wdt)
 
     def check(outs, numerics):
-        got = _bits(outs["shuffled"])
-        m = tolerance.compare_exact(ref.unshuffle_weight(got, bn, bk, kv), w)
-        return dataclasses.replace(m, tier="shuffle")
+        return shuffle.check_weight(outs["shuffled"], w, bn, bk, kv)
 
     def check_roundtrip(outs, numerics):
-        return tolerance.compare_exact(_bits(outs["roundtrip"]), w)
+        return compare_exact(shuffle.bits(outs["roundtrip"]), w)
 
-    return {"shuffled": Expected(ref.shuffle_weight(w, bn, bk, kv), None, "shuffle",
+    return {"shuffled": Expected(ref.shuffle_weight(w, bn, bk, kv), None, Tier.SHUFFLE,
                                  check=check),
-            "roundtrip": Expected(w, None, "exact", check=check_roundtrip)}
+            "roundtrip": Expected(w, None, Tier.EXACT, check=check_roundtrip)}
 
 
 @st.composite
@@ -99,28 +89,17 @@ def scale_reference(inputs, case):
     plain = np.asarray(inputs["scales"]).astype(np.uint8)
 
     def check(outs, numerics):
-        got = _bits(outs["shuffled"])
-        if got.shape != ref.padded_shape(m, s):
-            return tolerance.compare_exact(got, ref.shuffle_e8m0(plain))  # reports the shape
-        metrics = tolerance.compare_exact(ref.unshuffle_e8m0(got, m, s), plain)
-        pad = got[ref.padding_mask(m, s)]
-        note = f"padding: {pad.size} bytes, {int((pad != 0).sum())} non-zero, not compared"
-        return dataclasses.replace(metrics, tier="shuffle", note=note)
+        return shuffle.check_scales(outs["shuffled"], plain, m, s)
 
     def check_roundtrip(outs, numerics):
-        return tolerance.compare_exact(_bits(outs["roundtrip"]), plain)
+        return compare_exact(shuffle.bits(outs["roundtrip"]), plain)
 
-    return {"shuffled": Expected(ref.shuffle_e8m0(plain), None, "shuffle", check=check,
-                                 check_pair=lambda x, y, nx, ny: _pair_scales(x, y, m, s)),
-            "roundtrip": Expected(plain, None, "exact", check=check_roundtrip)}
+    def pair(ox, oy, nx, ny):
+        return shuffle.pair_scales(ox["shuffled"], oy["shuffled"], m, s)
 
-
-def _pair_scales(ox, oy, m, s):
-    """Two backends agree on the data positions; their padding may differ."""
-    x, y = _bits(ox["shuffled"]), _bits(oy["shuffled"])
-    if x.shape != y.shape:
-        return tolerance.compare_exact(x, y)
-    return tolerance.compare_exact(ref.unshuffle_e8m0(x, m, s), ref.unshuffle_e8m0(y, m, s))
+    return {"shuffled": Expected(ref.shuffle_e8m0(plain), None, Tier.SHUFFLE, check=check,
+                                 check_pair=pair),
+            "roundtrip": Expected(plain, None, Tier.EXACT, check=check_roundtrip)}
 
 
 def _with_bits(make):
@@ -129,7 +108,7 @@ def _with_bits(make):
     def wrapped(case, device):
         inputs = make(case, device)
         if "w" in inputs:
-            inputs["_w_bits"] = _bits(inputs["w"])
+            inputs["_w_bits"] = shuffle.bits(inputs["w"])
         return inputs
     return wrapped
 

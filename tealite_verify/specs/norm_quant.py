@@ -10,7 +10,7 @@ conventions AITER's fused kernels follow (AITER's rule per row, given-scale FP8 
 saturates, MXFP4 with EVEN scales and ties-away elements), plain gamma and no statistics or
 amax requested, so the aiter backends' fused entry points get cases they accept.
 
-The quantized output is judged by the ``code-interval`` tier (tealite_verify/tolerance_fused.py)
+The quantized output is judged by the ``code-interval`` tier (tealite_verify/tiers/code_interval.py)
 with e = the plain norm spec's own bound on y for an fp32 output; mean and rsigma exactly as in
 the plain norm spec (when not requested, a backend may leave them out).
 """
@@ -27,14 +27,14 @@ from tealite.formats import get_format
 from tealite_verify import coverage as cov
 from tealite_verify.references import fused as fref
 from tealite_verify.references import quantize as qref
-from tealite_verify import tolerance as tol
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs import norms as norm_spec
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, recipe_from_json,
                                                recipes)
-from tealite_verify.tolerance_fused import TIER as FUSED_TIER
-from tealite_verify.tolerance_fused import FusedQuantJudge, combine_pair
+from tealite_verify.tiers import bounded
+from tealite_verify.tiers.code_interval import FusedQuantJudge
+from tealite_verify.tiers.metrics import absent
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
 FUSED_KINDS = ("delayed", "current", "mx")
@@ -135,26 +135,17 @@ def quantized_expected(y_expected, recipe: dict, scale, *, amax_required: bool =
 def _judged_expected(judge: FusedQuantJudge, reference: dict) -> dict:
     """Expected entries for data, scale_inv and amax, each judged by ``judge``; ``reference``
     is references.fused.quantize_rows of round32(y_ref) (the e = 0 answer)."""
-    def pair(check):
-        return lambda ox, oy, nx, ny: combine_pair(check(ox, nx), check(oy, ny))
-
     r = judge.recipe
-    mx = r["kind"] == "mx"
     bits = reference["bits"]
     if get_format(r["fmt"]).packed:
         bits = qref.pack_e2m1(bits)
-    out = {"data": Expected(bits, torch.uint8, FUSED_TIER, check=judge.check_data,
-                            check_pair=pair(judge.check_data)),
-           "scale_inv": Expected(reference["scale_inv"], torch.uint8 if mx else torch.float32,
-                                 "e8m0-interval" if mx else
-                                 "scale-interval" if judge.aiter_rule else "exact",
-                                 check=judge.check_scale_inv,
-                                 check_pair=pair(judge.check_scale_inv))}
-    if not mx:
-        out["amax"] = Expected(reference["amax"], torch.float32,
-                               "absent" if judge.aiter_rule else "amax-interval",
-                               check=judge.check_amax, check_pair=pair(judge.check_amax))
-    return out
+    values = {"data": (bits, torch.uint8),
+              "scale_inv": (reference["scale_inv"],
+                            torch.uint8 if r["kind"] == "mx" else torch.float32),
+              "amax": (reference.get("amax"), torch.float32)}
+    return {name: Expected(*values[name], tier, check=judge.check(name),
+                           check_pair=judge.check_pair(name))
+            for name, tier in judge.tiers().items()}
 
 
 def optional(name: str, exp: Expected) -> Expected:
@@ -162,9 +153,9 @@ def optional(name: str, exp: Expected) -> Expected:
     def check(outputs, numerics):
         got = outputs.get(name)
         if got is None:
-            return tol.Metrics("absent", 0, 0, 0.0, 0.0, note="not requested")
-        return tol.compare_bounded(got, exp.value, exp.bound(numerics), exp.out_dtype,
-                                   tier=exp.tier)
+            return absent("not requested")
+        return bounded.compare_bounded(got, exp.value, exp.bound(numerics), exp.out_dtype,
+                                       tier=exp.tier)
     return Expected(exp.value, exp.out_dtype, exp.tier, exp.bound, check=check)
 
 

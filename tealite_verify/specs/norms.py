@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite_verify import coverage as cov
-from tealite_verify import tolerance as tol
 from tealite_verify.references import norms as ref
 from tealite_verify.references._device import namespace
 from tealite_verify.specs import Expected, OpSpec, register
@@ -23,6 +22,9 @@ from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tiers import primitives as fp
+from tealite_verify.tiers import ulp
+from tealite_verify.tiers.metrics import Tier
 
 _LIMITS = {"ci": (24, 320), "local": (128, 2048), "large": (4096, 8192)}
 SAFETY = 2.0
@@ -81,11 +83,11 @@ def _with_stats(inputs, case, device, *, rms):
 
 
 def _reduction_gamma(n, numerics):
-    return tol.gamma(n, tol.unit_roundoff(tol.compute_dtype(numerics))) if n > 0 else 0.0
+    return fp.gamma(n, fp.unit_roundoff(fp.compute_dtype(numerics))) if n > 0 else 0.0
 
 
 def _u(numerics):
-    return tol.unit_roundoff(tol.compute_dtype(numerics))
+    return fp.unit_roundoff(fp.compute_dtype(numerics))
 
 
 # The references' bounds below are written against the array namespace of their inputs
@@ -117,7 +119,7 @@ def ln_fwd_reference(x, case):
     def parts(num):
         # Three outputs share one bound computation; it depends on the numerics only
         # through the compute dtype.
-        key = str(tol.compute_dtype(num))
+        key = str(fp.compute_dtype(num))
         if key not in memo:
             memo[key] = _ln_fwd_parts(num)
         return memo[key]
@@ -128,16 +130,17 @@ def ln_fwd_reference(x, case):
         rel_rs = SAFETY * (0.5 * (e_mean**2 / (var + case["eps"]) + gh + 3 * u) + 2 * u)
         e_xhat = e_mean[..., None] * rs[..., None] + xp.abs(xhat) * (rel_rs[..., None] + 2 * u)
         e_y = xp.abs(g_eff) * e_xhat + SAFETY * 2 * u * (xp.abs(xhat * g_eff) + xp.abs(x["beta"]))
-        e_y = e_y + 8 * tol.underflow_error(tol.compute_dtype(num)) * rs[..., None] * (
+        e_y = e_y + 8 * fp.underflow_error(fp.compute_dtype(num)) * rs[..., None] * (
             1.0 + xp.abs(g_eff))
         return e_mean, rel_rs, e_y
 
     return {
-        "y": Expected(y, out_dt, "ulp", lambda n: tol.with_output_rounding(y, parts(n)[2], out_dt)),
-        "mean": Expected(mean, F32, "ulp",
-                         lambda n: tol.with_output_rounding(mean, parts(n)[0], F32)),
-        "rsigma": Expected(rs, F32, "ulp",
-                           lambda n: tol.with_output_rounding(rs, parts(n)[1] * rs, F32)),
+        "y": Expected(y, out_dt, Tier.ULP,
+                      lambda n: ulp.with_output_rounding(y, parts(n)[2], out_dt)),
+        "mean": Expected(mean, F32, Tier.ULP,
+                         lambda n: ulp.with_output_rounding(mean, parts(n)[0], F32)),
+        "rsigma": Expected(rs, F32, Tier.ULP,
+                           lambda n: ulp.with_output_rounding(rs, parts(n)[1] * rs, F32)),
     }
 
 
@@ -170,8 +173,8 @@ def _bwd_underflow_scales(x, case, *, rms):
 def _bwd_expected(grads, mags, amps, names, out_dtypes, reductions):
     expected = {}
     for name, value, mag, amp, dt, red in zip(names, grads, mags, amps, out_dtypes, reductions):
-        expected[name] = Expected(value, dt, "ulp", (
-            lambda n, v=value, m=mag, a=amp, d=dt, r=red: tol.elementwise_tolerance(
+        expected[name] = Expected(value, dt, Tier.ULP, (
+            lambda n, v=value, m=mag, a=amp, d=dt, r=red: ulp.elementwise_tolerance(
                 v, SAFETY * m, d, n, ops=8, reduction=r, underflow_scale=a)))
     return expected
 
@@ -216,14 +219,14 @@ def rms_fwd_reference(x, case):
 
     def y_bound(num):
         e_y = xp.abs(y) * (rel_rs(num)[..., None] + SAFETY * 3 * _u(num))
-        e_y = e_y + 8 * tol.underflow_error(tol.compute_dtype(num)) * rs[..., None] * (
+        e_y = e_y + 8 * fp.underflow_error(fp.compute_dtype(num)) * rs[..., None] * (
             1.0 + xp.abs(ref.effective_weight(x["gamma"], case["zero_centered_gamma"])))
-        return tol.with_output_rounding(y, e_y, out_dt)
+        return ulp.with_output_rounding(y, e_y, out_dt)
 
     return {
-        "y": Expected(y, out_dt, "ulp", y_bound),
-        "rsigma": Expected(rs, F32, "ulp",
-                           lambda n: tol.with_output_rounding(rs, rel_rs(n) * rs, F32)),
+        "y": Expected(y, out_dt, Tier.ULP, y_bound),
+        "rsigma": Expected(rs, F32, Tier.ULP,
+                           lambda n: ulp.with_output_rounding(rs, rel_rs(n) * rs, F32)),
     }
 
 

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.formats import get_format
+from tealite.numerics import FP8_CODE_ALIGNMENT
 from tealite.ops.gemm import LAYOUTS
 from tealite.ops.quantize import QuantizedTensor
 from tealite_verify import coverage as cov
-from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import qgemm as ref
 from tealite_verify.references import quantize as qref
 from tealite_verify.specs import Expected, OpSpec, register
@@ -23,6 +23,9 @@ from tealite_verify.strategies.recipes import recipe_from_json, recipes
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tiers import gemm as gemm_tier
+from tealite_verify.tiers import probabilistic
+from tealite_verify.tiers.metrics import Tier
 
 _LIMITS = {"ci": (48, 256), "local": (160, 1024), "large": (1024, 4096)}
 
@@ -130,28 +133,28 @@ def reference(inputs, case):
     out_dt = dtype_of(case["out_dtype"])
 
     def bound(numerics):
-        mag = aligned() if numerics.alignment_floor == tolerance.FP8_CODE_ALIGNMENT \
+        mag = aligned() if numerics.alignment_floor == FP8_CODE_ALIGNMENT \
             else p_abs
-        return tolerance.gemm_tolerances(mag, p, out, case["k"], out_dt, numerics,
+        return gemm_tier.gemm_tolerances(mag, p, out, case["k"], out_dt, numerics,
                                          alpha=1.0, epilogue_abs=epi)["out"]
 
     def prob_bound(numerics, p_case):  # opt-in: gamma_K -> Higham-Mary's gamma~_K
-        return tolerance_prob.gemm_prob_tolerances(p_abs, p, out, case["k"], out_dt, numerics,
-                                                   p_case, alpha=1.0, epilogue_abs=epi)["out"]
+        return probabilistic.gemm_prob_tolerances(p_abs, p, out, case["k"], out_dt, numerics,
+                                                  p_case, alpha=1.0, epilogue_abs=epi)["out"]
 
-    return {"out": Expected(out, out_dt, "gemm", bound, prob_bound=prob_bound,
+    return {"out": Expected(out, out_dt, Tier.GEMM, bound, prob_bound=prob_bound,
                             same_precision=lambda: same_precision(a_deq, b_deq, bias, out_dt))}
 
 
 class _AlignedMagnitude:
     """The magnitude a Hopper FP8 MMA's error scales with, for backends declaring
-    ``alignment_floor`` = tolerance.FP8_CODE_ALIGNMENT (computed on first use).
+    ``alignment_floor`` = FP8_CODE_ALIGNMENT (computed on first use).
 
     Measured on an H200 (tests/test_fp8_mma_accumulator.py): every product is cut toward zero
     at 2^(E - 13), E the largest *nominal* exponent in the sum, and a subnormal code counts at
     its format's smallest normal exponent.  So the error of a K-term sum is at most K 2^-13
     max(sum |p_k|, max_k |p_k|') where |p_k|' lifts a subnormal code to twice the smallest
-    normal (tolerance.aligned_magnitude): the usual gamma_K bound applied to max(|B||A|^T,
+    normal (tiers.gemm.aligned_magnitude): the usual gamma_K bound applied to max(|B||A|^T,
     L), L[m, n] = max_k |b_k|' |a_k|'.  Only products with a subnormal code can make L exceed
     |B||A|^T, so L is taken over those (a max over K per element, computed in K chunks)."""
 
@@ -178,7 +181,7 @@ def _lifted(x_k: np.ndarray, r: dict) -> tuple[np.ndarray, np.ndarray]:
         return plain, np.zeros(plain.shape, bool)
     mant = (1 << get_format(r["fmt"]).mbits) - 1
     sub = ((bits & (0x7F & ~mant)) == 0) & ((bits & mant) != 0)
-    # Exponent field 2, mantissa 0: twice the smallest normal (tolerance.aligned_magnitude).
+    # Exponent field 2, mantissa 0: twice the smallest normal (tiers.gemm.aligned_magnitude).
     lifted_bits = np.where(sub, np.uint8((mant + 1) * 2), bits & 0x7F).astype(np.uint8)
     return np.abs(dequantize_k_last(lifted_bits, scales, r)), sub
 

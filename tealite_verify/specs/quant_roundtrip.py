@@ -1,6 +1,6 @@
 """Spec ``quant_roundtrip``: dequantize(quantize(x)) under two recipes, judged on values.
 
-The ``dequantized`` tier (tolerance_quant.dequantized_bound) compares each round trip with x,
+The ``dequantized`` tier (tiers/dequantized.py) compares each round trip with x,
 and the two recipes' round trips with each other under the sum of their bounds: the
 cross-recipe check (e.g. MXFP8 RCEIL vs FP8 current scaling vs MXFP4 with AITER's EVEN /
 ties-away convention, which cannot be compared code by code).
@@ -12,7 +12,6 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
-from tealite_verify import tolerance_quant
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.dtypes import float_dtypes
@@ -20,6 +19,8 @@ from tealite_verify.strategies.recipes import recipe_from_json, recipes
 from tealite_verify.strategies.shapes import dim
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tiers import dequantized
+from tealite_verify.tiers.metrics import Tier
 
 _LIMIT = {"ci": 96, "local": 400, "large": 2048}
 
@@ -79,31 +80,28 @@ def reference(inputs, case):
     def bound(outs, side):
         r = case[f"recipe_{side}"]
         s = element_scale(outs[f"scale_{side}"].detach().cpu().double().numpy(), r, x.shape)
-        return tolerance_quant.dequantized_bound(x, s, r["fmt"])
+        return dequantized.dequantized_bound(x, s, r["fmt"])
+
+    def y(outs, side):
+        return outs[f"y_{side}"].detach().cpu().double().numpy()
 
     def check(side):
-        return lambda outs, numerics: tolerance_quant.check_dequantized(
-            outs[f"y_{side}"].detach().cpu().double().numpy(), x, bound(outs, side))
+        return lambda outs, numerics: dequantized.check_dequantized(y(outs, side), x,
+                                                                    bound(outs, side))
 
     def cross(outs, numerics):
-        ya = outs["y_a"].detach().cpu().double().numpy()
-        yb = outs["y_b"].detach().cpu().double().numpy()
-        return tolerance_quant.check_dequantized(ya, yb, bound(outs, "a") + bound(outs, "b"),
-                                                 tier="dequantized-cross-recipe")
+        return dequantized.check_pair(y(outs, "a"), y(outs, "b"), bound(outs, "a"),
+                                      bound(outs, "b"), cross_recipe=True)
 
     def pair(side):
-        def judge(ox, oy, nx, ny):
-            yx = ox[f"y_{side}"].detach().cpu().double().numpy()
-            yy = oy[f"y_{side}"].detach().cpu().double().numpy()
-            return tolerance_quant.check_dequantized(yx, yy, bound(ox, side) + bound(oy, side),
-                                                     tier="dequantized-pair")
-        return judge
+        return lambda ox, oy, nx, ny: dequantized.check_pair(
+            y(ox, side), y(oy, side), bound(ox, side), bound(oy, side))
 
-    return {"y_a": Expected(x, torch.float32, "dequantized", check=check("a"),
+    return {"y_a": Expected(x, torch.float32, Tier.DEQUANTIZED, check=check("a"),
                             check_pair=pair("a")),
-            "y_b": Expected(x, torch.float32, "dequantized", check=check("b"),
+            "y_b": Expected(x, torch.float32, Tier.DEQUANTIZED, check=check("b"),
                             check_pair=pair("b")),
-            "cross": Expected(x, torch.float32, "dequantized", check=cross,
+            "cross": Expected(x, torch.float32, Tier.DEQUANTIZED, check=cross,
                               check_pair=lambda ox, oy, nx, ny: cross(oy, ny))}
 
 

@@ -1,26 +1,11 @@
 """Specs for ``quantize`` (every recipe, rowwise / columnwise / both), ``dequantize`` and
-``amax``.  Codes and scales are judged bit-exactly; MX scales under the e8m0-adjusted tier
-(tolerance_quant), with codes re-quantized under the backend's own scales.
-
-Declared numerics this spec reads (quantize):
-
-``fp32_div_ulps`` (int, default 0)
-    For current scaling under AITER's rule (``scale_rule`` "amax/fmax"): the error bound, in
-    ulps, of the backend's fp32 divisions amax / max and 1 / scale_inv (0: IEEE-rounded; 2:
-    CUDA's ``div.full.f32``, what Triton's ``/`` compiles to).  With a bound, scale_inv must
-    lie within it of amax / max, and every code must be the cast of x * r for an fp32 r
-    within the bound of 1 / (the backend's own scale_inv): the codes are re-quantized under
-    the kernel's scale, as for MX, with the reciprocal's documented error as the only slack.
-``mx_nonfinite`` ("nan-scale" default | "ignore-nan")
-    How MX blocks holding NaN / Inf are encoded: "nan-scale" (OCP, TE: scale byte 0xFF,
-    codes unspecified) or "ignore-nan" (AITER's Triton MXFP4: NaN left out of the block amax,
-    an Inf amax takes byte 0xFE, NaN and Inf elements encode as +-max; see
-    references.quantize.mx_scales_nan_ignoring).  The reference follows the declared policy
-    (no slack): a backend declaring another policy than its kernel follows fails.
+``amax``.  Codes and scales are judged bit-exactly (tiers/quantized.py); MX scales and codes by
+the e8m0-adjusted tier (tiers/e8m0_adjusted.py: codes re-quantized under the backend's own
+scales, its declared ``mx_nonfinite`` policy, FP4 ties where declared); FP8 under AITER's rule
+by the fp32-division tiers where the backend declares ``fp32_div_ulps`` (tiers/fp32_div.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import numpy as np
@@ -31,9 +16,12 @@ import tealite
 from tealite.formats import get_format
 from tealite.ops.quantize import QuantizedTensor
 from tealite_verify import coverage as cov
-from tealite_verify import tolerance, tolerance_quant
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
+from tealite_verify.tiers import quantized, ulp
+from tealite_verify.tiers.e8m0_adjusted import MXOutput
+from tealite_verify.tiers.fp32_div import AiterRuleOutput
+from tealite_verify.tiers.metrics import Tier
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, aiter_recipes,
@@ -96,231 +84,30 @@ def call(inputs, case, backend):
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _np(t) -> np.ndarray:
-    return t.detach().cpu().numpy()
-
-
-def _codes(outputs, name, fmt, n):
-    """Unpacked code bits (rows, n) of a backend's data, or the reason it is malformed: the
-    storage dtype must be the format's (dequantize reads it so) and e2m1 exactly ceil(n/2)
-    bytes per row."""
-    data = outputs[name]
-    want = get_format(fmt).torch_dtype or U8
-    if data.dtype != want:
-        return f"{name} dtype {data.dtype} != {want} for {fmt}"
-    if fmt == "e2m1":
-        if data.shape[-1] != -(-n // 2):
-            return f"{name} has {data.shape[-1]} bytes per row, want ceil({n}/2)"
-        return ref.unpack_e2m1(_np(data), n)
-    return _np(data.view(U8))
-
-
-def _malformed(reason: str) -> tolerance.Metrics:
-    return tolerance.Metrics("malformed", 0, 0, np.inf, np.inf, shape_error=reason)
-
-
-_NAN_SCALE, _IGNORE_NAN = "nan-scale", "ignore-nan"
-
-
-def _mx_policy(numerics) -> str:
-    policy = numerics.mx_nonfinite or _NAN_SCALE
-    if policy not in (_NAN_SCALE, _IGNORE_NAN):
-        raise ValueError(f"unknown mx_nonfinite policy {policy!r}")
-    return policy
-
-
-def _excuse(m: tolerance.Metrics, n: int, why: str) -> tolerance.Metrics:
-    return dataclasses.replace(m, excused=m.excused + n, note=why) if n else m
-
-
-def _mx_codes_under(codes, scales, x, fmt, er, policy, tie_ok) -> tolerance.Metrics:
-    """check_mx_codes under a nonfinite policy: with "ignore-nan" a NaN element must encode
-    as max (its sign bit is not a value: NaN has no sign to keep), i.e. as +Inf would."""
-    if policy == _IGNORE_NAN:
-        nan = np.isnan(x)
-        sign = 0x08 if fmt == "e2m1" else 0x80
-        codes = np.where(nan, codes & ~np.uint8(sign), codes).astype(np.uint8)
-        x = np.where(nan, np.float32(np.inf), x).astype(np.float32)
-    return tolerance_quant.check_mx_codes(codes, scales, x, fmt, er, tie_tolerant=tie_ok)
-
-
-def _nonfinite_blocks(x, block: int = 32) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        return ~np.isfinite(tolerance_quant.block_amax(np.where(np.isinf(x), np.nan, x), block))
-
-
 def _mx_expected(x, prefix, r) -> dict:
     """Expected entries for one direction (x is already transposed for columnwise)."""
     fmt, mode, er = r["fmt"], r["scale_rounding"], r["element_rounding"]
     bits, scales = ref.mx_quantize(x, fmt, mode, er)
-    k = x.shape[1]
     dname, sname = f"{prefix}data", f"{prefix}scale_inv"
     packed = ref.pack_e2m1(bits) if fmt == "e2m1" else bits
     ignoring, undefined = ref.mx_scales_nan_ignoring(x, fmt, mode)
-
-    def check_scales(outs, numerics):
-        got = _np(outs[sname])
-        if _mx_policy(numerics) == _NAN_SCALE:
-            return tolerance_quant.check_mx_scales(got, scales, x, fmt, mode)
-        if got.shape != ignoring.shape:
-            return tolerance_quant.check_mx_scales(got, ignoring, x, fmt, mode)
-        want = np.where(undefined, got, ignoring)  # an all-NaN block's byte is undefined
-        return _excuse(tolerance_quant.check_mx_scales(got, want, x, fmt, mode),
-                       int(undefined.sum()), "scales of all-NaN blocks are undefined")
-
-    def check_codes(outs, numerics):
-        codes = _codes(outs, dname, fmt, k)
-        if isinstance(codes, str):
-            return _malformed(codes)
-        tie_ok = numerics.fp4_tie_rounding == "hardware"
-        return _mx_codes_under(codes, _np(outs[sname]), x, fmt, er, _mx_policy(numerics),
-                               tie_ok)
-
-    def pair_scales(ox, oy, nx, ny):
-        sx, sy = _np(ox[sname]), _np(oy[sname])
-        skip = 0
-        if _mx_policy(nx) != _mx_policy(ny) and sx.shape == sy.shape == scales.shape:
-            # Blocks with NaN / Inf follow each side's declared policy (each judged against
-            # the reference under it); the pair compares the blocks where the policies agree.
-            differ = _nonfinite_blocks(x)
-            skip = int(differ.sum())
-            sx, sy = np.where(differ, 0, sx), np.where(differ, 0, sy)
-        # Judged both ways: each side's byte must be one the other side's rule could reach.
-        there = tolerance_quant.check_mx_scales(sx, sy, x, fmt, mode)
-        back = tolerance_quant.check_mx_scales(sy, sx, x, fmt, mode)
-        worse = there if not there.passed or back.passed is there.passed else back
-        return _excuse(worse, skip, "blocks with NaN/Inf judged per side (nonfinite policies "
-                                    "differ)")
-
-    def pair_codes(ox, oy, nx, ny):
-        cx, cy = _codes(ox, dname, fmt, k), _codes(oy, dname, fmt, k)
-        if isinstance(cx, str) or isinstance(cy, str):
-            return _malformed(cx if isinstance(cx, str) else cy)
-        ties = "hardware" in (nx.fp4_tie_rounding, ny.fp4_tie_rounding)
-        if _mx_policy(nx) == _mx_policy(ny) == _NAN_SCALE:
-            return tolerance_quant.check_mx_codes_pair(cx, _np(ox[sname]), cy, _np(oy[sname]),
-                                                       x, fmt, er, tie_tolerant=ties)
-        # Each side must be the re-quantization of x under its own scales and policy (so
-        # where the scales agree, the codes agree).
-        mx = _mx_codes_under(cx, _np(ox[sname]), x, fmt, er, _mx_policy(nx), ties)
-        my = _mx_codes_under(cy, _np(oy[sname]), x, fmt, er, _mx_policy(ny), ties)
-        return _combine(mx, my, "e8m0-adjusted-pair")
-
-    return {sname: Expected(scales, U8, "e8m0-adjusted", check=check_scales,
-                            check_pair=pair_scales),
-            dname: Expected(packed, U8, "e8m0-adjusted", check=check_codes,
-                            check_pair=pair_codes)}
-
-
-def _combine(mx: tolerance.Metrics, my: tolerance.Metrics, tier: str) -> tolerance.Metrics:
-    """One pair metric from the two sides' own checks."""
-    if mx.shape_error or my.shape_error:
-        return mx if mx.shape_error else my
-    worse = mx if mx.mismatches >= my.mismatches else my
-    return tolerance.Metrics(tier, mx.numel, mx.mismatches + my.mismatches, worse.max_abs_err,
-                             worse.max_ratio, worse.worst_index, worse.worst_actual,
-                             worse.worst_expected, worse.worst_tol,
-                             excused=mx.excused + my.excused, note=worse.note)
-
-
-def _first_bad(tier, ok, actual, expected, numel) -> tolerance.Metrics:
-    ok = np.asarray(ok, bool)
-    if ok.all():
-        return tolerance.Metrics(tier, numel, 0, 0.0, 0.0)
-    idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(~ok)), ok.shape))
-    return tolerance.Metrics(tier, numel, int((~ok).sum()), np.inf, np.inf, worst_index=idx,
-                             worst_actual=float(np.asarray(actual)[idx]),
-                             worst_expected=float(np.asarray(expected)[idx]), worst_tol=0.0)
-
-
-def _scale_inv_within_ulps(got, amax, fmt, ulps) -> tolerance.Metrics:
-    """AITER-rule scale_inv from an approximate fp32 division: within ``ulps`` of amax / max
-    (special values exact: 0, Inf, NaN)."""
-    tier = f"div-{ulps}ulp"
-    g = np.asarray(got)
-    if g.dtype != np.float32 or g.shape != np.shape(amax):
-        return _malformed(f"scale_inv {g.dtype}{g.shape} != float32{np.shape(amax)}")
-    exact = np.asarray(amax, np.float64) / ref.fmt_max(fmt)
-    g64 = g.astype(np.float64)
-    finite = np.isfinite(exact) & (exact != 0)
-    safe = np.where(finite, np.abs(exact), 1.0)
-    ulp = np.ldexp(1.0, np.maximum(np.frexp(safe)[1] - 1, -126) - 23)
-    with np.errstate(invalid="ignore"):
-        ok = np.where(finite, np.abs(g64 - exact) <= ulps * ulp,
-                      (g64 == exact) | (np.isnan(g64) & np.isnan(exact)))
-    return _first_bad(tier, ok, g64, exact, int(g.size))
-
-
-def _codes_under_recip_bound(codes, x, scale_inv, fmt, per_row, ulps) -> tolerance.Metrics:
-    """AITER-rule codes re-quantized under the backend's own scale_inv: each must be the
-    cast of fl32(x * r) for an fp32 r within ``ulps`` of 1 / scale_inv.  x * r is monotone in
-    r and the cast is monotone, so the allowed codes are those between the casts at the two
-    extreme r (both NaN: NaN; equal: that code, bit for bit)."""
-    tier = f"recip-{ulps}ulp"
-    s = np.asarray(scale_inv)
-    want_shape = (x.shape[0],) if per_row else (1,)
-    if s.dtype != np.float32 or s.shape != want_shape:
-        return _malformed(f"scale_inv {s.dtype}{s.shape} != float32{want_shape}")
-    lo, hi = ref.recip_ulp_bounds(s, ulps)
-    if per_row:
-        lo, hi = lo[:, None], hi[:, None]
-    bounds = [ref.codes_to_bits(ref.round_elements(ref.aiter_scaled(x, None, recip=r), fmt))
-              for r in (lo, hi)]
-    vals = [ref.decode(b, fmt) for b in bounds]
-    got = ref.decode(codes, fmt)
-    with np.errstate(invalid="ignore"):
-        low, high = np.fmin(vals[0], vals[1]), np.fmax(vals[0], vals[1])
-        nan = np.isnan(vals[0])
-        same = bounds[0] == bounds[1]
-        ok = np.where(nan, np.isnan(got),
-                      np.where(same, codes == bounds[0], (got >= low) & (got <= high)))
-    return _first_bad(tier, ok, got, ref.decode(bounds[0], fmt), int(codes.size))
+    judge = MXOutput(x, fmt, mode, er, dname, sname, scales, ignoring, undefined)
+    return {sname: Expected(scales, U8, Tier.E8M0_ADJUSTED, check=judge.check_scales,
+                            check_pair=judge.pair_scales),
+            dname: Expected(packed, U8, Tier.E8M0_ADJUSTED, check=judge.check_codes,
+                            check_pair=judge.pair_codes)}
 
 
 def _aiter_rule_expected(x, prefix, r, bits, scale_inv) -> dict:
     """FP8 current scaling under AITER's rule: bit-exact for a backend whose divisions are
-    IEEE, the fp32_div_ulps tiers otherwise (see the module docstring)."""
-    fmt, n = r["fmt"], x.shape[1]
+    IEEE, the fp32_div_ulps tiers otherwise (tiers/fp32_div.py)."""
     per_row = r["granularity"] == "row"
-    amax = ref.aiter_amax(x, per_row=per_row)
-    dname, sname = f"{prefix}data", f"{prefix}scale_inv"
-    ml = ref.ML_DTYPES[fmt]
-
-    def check_codes(outs, numerics):
-        codes = _codes(outs, dname, fmt, n)
-        if isinstance(codes, str):
-            return _malformed(codes)
-        ulps = int(numerics.fp32_div_ulps or 0)
-        if not ulps:
-            return tolerance.compare_exact(codes.view(ml), bits.view(ml))
-        return _codes_under_recip_bound(codes, x, _np(outs[sname]), fmt, per_row, ulps)
-
-    def check_scales(outs, numerics):
-        ulps = int(numerics.fp32_div_ulps or 0)
-        if not ulps:
-            return tolerance.compare_exact(outs[sname], scale_inv)
-        return _scale_inv_within_ulps(_np(outs[sname]), amax, fmt, ulps)
-
-    def pair(check, exact_pair):
-        def judge(ox, oy, nx, ny):
-            if not nx.fp32_div_ulps and not ny.fp32_div_ulps:
-                return exact_pair(ox, oy)
-            # An approximate division on either side: each side against the reference
-            # under its own bound (so where both are exact they agree bit for bit).
-            return _combine(check(ox, nx), check(oy, ny), "fp32-div-pair")
-        return judge
-
-    def exact_codes(ox, oy):
-        cx, cy = _codes(ox, dname, fmt, n), _codes(oy, dname, fmt, n)
-        if isinstance(cx, str) or isinstance(cy, str):
-            return _malformed(cx if isinstance(cx, str) else cy)
-        return tolerance.compare_exact(cx.view(ml), cy.view(ml))
-
-    return {dname: Expected(bits, U8, "exact", check=check_codes,
-                            check_pair=pair(check_codes, exact_codes)),
-            sname: Expected(scale_inv, torch.float32, "exact", check=check_scales,
-                            check_pair=pair(check_scales, lambda ox, oy: tolerance.compare_exact(
-                                ox[sname], oy[sname])))}
+    judge = AiterRuleOutput(x, r["fmt"], per_row, f"{prefix}data", f"{prefix}scale_inv", bits,
+                            scale_inv, ref.aiter_amax(x, per_row=per_row))
+    return {judge.data: Expected(bits, U8, Tier.EXACT, check=judge.check_codes,
+                                 check_pair=judge.pair_codes),
+            judge.scale_inv: Expected(scale_inv, torch.float32, Tier.EXACT,
+                                      check=judge.check_scales, check_pair=judge.pair_scales)}
 
 
 def _fp8_expected(x, prefix, r) -> dict:
@@ -333,26 +120,16 @@ def _fp8_expected(x, prefix, r) -> dict:
         saturate=r.get("saturation", "saturate") == "saturate", scale_rule=rule)
     if rule == AITER_RULE:
         return _aiter_rule_expected(x, prefix, r, bits, scale_inv)
-    dname = f"{prefix}data"
-    n = x.shape[1]
+    dname, fmt, n = f"{prefix}data", r["fmt"], x.shape[1]
 
-    ml = ref.ML_DTYPES[r["fmt"]]
-
-    # Codes compared as FP8 values bit-exactly, except that any NaN code matches any NaN
-    # (torch writes 0x7F for an e5m2 NaN, ml_dtypes 0x7E: both are NaN, no payload contract).
     def check_codes(outs, numerics):
-        codes = _codes(outs, dname, r["fmt"], n)
-        return _malformed(codes) if isinstance(codes, str) else \
-            tolerance.compare_exact(codes.view(ml), bits.view(ml))
+        return quantized.check_fp8_codes(outs, dname, fmt, n, bits)
 
     def pair_codes(ox, oy, nx, ny):
-        cx, cy = _codes(ox, dname, r["fmt"], n), _codes(oy, dname, r["fmt"], n)
-        if isinstance(cx, str) or isinstance(cy, str):
-            return _malformed(cx if isinstance(cx, str) else cy)
-        return tolerance.compare_exact(cx.view(ml), cy.view(ml))
+        return quantized.pair_fp8_codes(ox, oy, dname, fmt, n)
 
-    return {dname: Expected(bits, U8, "exact", check=check_codes, check_pair=pair_codes),
-            f"{prefix}scale_inv": Expected(scale_inv, torch.float32, "exact")}
+    return {dname: Expected(bits, U8, Tier.EXACT, check=check_codes, check_pair=pair_codes),
+            f"{prefix}scale_inv": Expected(scale_inv, torch.float32, Tier.EXACT)}
 
 
 def reference(inputs, case):
@@ -365,21 +142,14 @@ def reference(inputs, case):
             expected.update(_mx_expected(t, prefix, r) if r["kind"] == "mx"
                             else _fp8_expected(t, prefix, r))
     if r.get("scale_rule") == AITER_RULE:
-        expected["amax"] = Expected(None, torch.float32, "absent", check=_no_amax,
-                                    check_pair=lambda ox, oy, nx, ny: _no_amax(ox, nx))
+        expected["amax"] = Expected(
+            None, torch.float32, Tier.ABSENT, check=lambda outs, n: quantized.check_no_amax(outs),
+            check_pair=lambda ox, oy, nx, ny: quantized.check_no_amax(ox))
     elif r["kind"] in ("delayed",) or (r["kind"] == "current" and r["granularity"] == "tensor"):
-        expected["amax"] = Expected(ref.amax(x).reshape(1), torch.float32, "exact")
+        expected["amax"] = Expected(ref.amax(x).reshape(1), torch.float32, Tier.EXACT)
     elif r["kind"] == "current":
-        expected["amax"] = Expected(ref.amax(x, axis=1), torch.float32, "exact")
+        expected["amax"] = Expected(ref.amax(x, axis=1), torch.float32, Tier.EXACT)
     return expected
-
-
-def _no_amax(outs, numerics) -> tolerance.Metrics:
-    """AITER's rule reports no amax (tealite.recipes): an amax output breaks the contract."""
-    if "amax" in outs:
-        return _malformed("amax must be None under scale_rule amax/fmax (AITER's kernels "
-                          "report none)")
-    return tolerance.Metrics("absent", 0, 0, 0.0, 0.0)
 
 
 # ---- dequantize and amax -------------------------------------------------------------------
@@ -436,7 +206,7 @@ def dq_reference(inputs, case):
         y = vals * s
     out_dt = dtype_of(case["dtype"])
     # codes x scale rounded once in fp32, then once to the output dtype.
-    return {"y": Expected(y, out_dt, "ulp", lambda n: tolerance.elementwise_tolerance(
+    return {"y": Expected(y, out_dt, Tier.ULP, lambda n: ulp.elementwise_tolerance(
         y, np.abs(y), out_dt, n, ops=1))}
 
 
@@ -485,7 +255,7 @@ register(OpSpec(
                                             c["seed"], d)},
     call=lambda i, c, b: {"amax": tealite.amax(i["x"], backend=b)},
     reference=lambda i, c: {"amax": Expected(ref.amax(i["x"]).reshape(1), torch.float32,
-                                             "exact")},
+                                             Tier.EXACT)},
     smoke_cases=({"shape": [3, 0], "dtype": "float32", "seed": 1,
                   "dist": {"kind": "normal", "scale": 1.0}},
                  {"shape": [7, 33], "dtype": "bfloat16", "seed": 2,

@@ -16,7 +16,7 @@ scales
     E8M0 byte must lie in [rule(amax_lo), rule(amax_hi)] (every scale rule is monotone in amax,
     so that is exactly the set of bytes reachable from the block's amax interval, usually one
     or two values); under RCEIL it may also take the bytes the plain quantize tier excuses for
-    fp32 rounding of amax * (1/max) (tolerance_quant.rceil_allowed_bytes).
+    fp32 rounding of amax * (1/max) (e8m0_adjusted.rceil_allowed_bytes).
 amax
     The reported amax (per tensor or per row) lies in its interval; NaN exactly where y_ref
     has a NaN.
@@ -51,7 +51,7 @@ Declared numerics read here (``Backend.implements(numerics=...)``), besides the 
 ``fp32_div_ulps`` (int, default 0)
     The error, in ulps, of the backend's fp32 divisions amax / max and 1 / scale_inv (and
     1 / scale below): 0 is IEEE (the interpreter); 2 is CUDA's ``div.full.f32`` (Triton's
-    ``/``).  The same key as the plain quantize spec's (specs/quantize.py).
+    ``/``).  The same key as the plain quantize tier's (tiers/fp32_div.py).
 ``scale_inv_zero_as_one`` (bool)
     AITER's rule with ``scale_inv = 1`` wherever amax / max is 0 (AITER's fused norm kernels:
     ``tl.where(scale == 0, 1, scale)``; its plain quant kernels and tealite.quantize keep the
@@ -63,8 +63,8 @@ Declared numerics read here (``Backend.implements(numerics=...)``), besides the 
     scale_inv = fl32(1 / scale) and the kernel multiplies by fl32(1 / scale_inv) (within
     ``fp32_div_ulps``), which need not be ``scale`` again.
 ``mx_nonfinite`` ("nan-scale" default | "ignore-nan")
-    As in specs/quantize.py; the fused judge has only the "nan-scale" rule for blocks whose y
-    holds NaN / Inf (the norm / activation specs draw finite y): "ignore-nan" with such a
+    As in tiers/e8m0_adjusted.py; the fused judge has only the "nan-scale" rule for blocks
+    whose y holds NaN / Inf (the norm / activation specs draw finite y): "ignore-nan" with such a
     block is reported as not judged (a failure), never passed.
 
 Outputs the case does not require (``amax_required=False``: the op was called with
@@ -78,19 +78,18 @@ judged against its own bound of the reference: two correct kernels may round y d
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-from tealite.formats import get_format
-from tealite_verify import tolerance, tolerance_quant
 from tealite_verify.references import fused as fref
 from tealite_verify.references import quantize as qref
-from tealite_verify.tolerance import Metrics
+from tealite_verify.tiers import quantized
+from tealite_verify.tiers.e8m0_adjusted import mx_block_amax, rceil_allowed_bytes
+from tealite_verify.tiers.exact import compare_exact
+from tealite_verify.tiers.metrics import (Metrics, Tier, absent, combine_pair, from_mask,
+                                          malformed)
 
 F32 = np.float32
-TIER = "code-interval"
 
 
 # ---- intervals -----------------------------------------------------------------------------
@@ -122,41 +121,12 @@ def _max(a, axis=None) -> np.ndarray:
     return np.max(a, axis=axis).astype(F32)
 
 
-# ---- metrics -------------------------------------------------------------------------------
-
 def _interval_metrics(tier, ok, actual, lo, hi, central, *, live=None, excused=0) -> Metrics:
     """Metrics for "actual in [lo, hi]" checks; values are float64 arrays of one shape."""
-    ok = np.asarray(ok, bool)
-    live = np.ones(ok.shape, bool) if live is None else np.asarray(live, bool)
-    bad = ~ok & live
-    numel = int(live.sum())
-    if not bad.any():
-        return Metrics(tier, numel, 0, 0.0, 0.0, excused=int(excused))
     with np.errstate(invalid="ignore"):
-        off = np.abs(np.asarray(actual, np.float64) - np.asarray(central, np.float64))
-    off = np.where(bad, np.where(np.isnan(off), np.inf, off), -1.0)
-    flat = int(np.argmax(off))
-    idx = tuple(int(i) for i in np.unravel_index(flat, ok.shape))
-    half = max(abs(float(hi[idx]) - float(central[idx])), abs(float(central[idx]) - float(lo[idx])))
-    return Metrics(tier, numel, int(bad.sum()), float(off.reshape(-1)[flat]), math.inf,
-                   worst_index=idx, worst_actual=float(actual[idx]),
-                   worst_expected=float(central[idx]),
-                   worst_tol=half if math.isfinite(half) else math.inf,
-                   excused=int(excused), note=f"allowed [{float(lo[idx])!r}, {float(hi[idx])!r}]")
-
-
-def malformed(reason: str) -> Metrics:
-    return Metrics("malformed", 0, 0, math.inf, math.inf, shape_error=reason)
-
-
-def combine_pair(mx: Metrics, my: Metrics) -> Metrics:
-    """Backend vs backend: both sides judged against their own bounds of the reference."""
-    if mx.shape_error or my.shape_error:
-        return mx if mx.shape_error else my
-    worse = mx if mx.mismatches >= my.mismatches else my
-    return Metrics(f"{mx.tier}-pair", mx.numel, mx.mismatches + my.mismatches, worse.max_abs_err,
-                   worse.max_ratio, worse.worst_index, worse.worst_actual, worse.worst_expected,
-                   worse.worst_tol, excused=mx.excused + my.excused, note=worse.note)
+        off = np.asarray(actual, np.float64) - np.asarray(central, np.float64)
+    return from_mask(tier, ok, actual, central, err=off, live=live, excused=excused,
+                     allowed=(lo, hi))
 
 
 # ---- amax and FP8 scales -------------------------------------------------------------------
@@ -171,7 +141,7 @@ def check_amax(actual, a_lo, a_hi, central) -> Metrics:
     with np.errstate(invalid="ignore"):
         ok = np.where(nan_ref, np.isnan(a), (a >= lo) & (a <= hi))
     c = np.asarray(central, np.float64)
-    return _interval_metrics("amax-interval", ok, a, lo, hi, c,
+    return _interval_metrics(Tier.AMAX_INTERVAL, ok, a, lo, hi, c,
                              excused=int((ok & ~nan_ref & (a != c)).sum()))
 
 
@@ -223,7 +193,7 @@ def check_aiter_scale_inv(actual, a_lo, a_hi, central, fmt: str, numerics) -> Me
         nan_ref = np.isnan(lo) | np.isnan(hi)
         ok = np.where(nan_ref, np.isnan(got), ok)
     c = qref.aiter_scale_inv(np.asarray(central, F32), fmt)
-    return _interval_metrics("scale-interval", ok, got.astype(np.float64), lo.astype(np.float64),
+    return _interval_metrics(Tier.SCALE_INTERVAL, ok, got.astype(np.float64), lo.astype(np.float64),
                              hi.astype(np.float64), c.astype(np.float64),
                              excused=int((ok & (got != c)).sum()))
 
@@ -244,7 +214,7 @@ def check_scale_inv(actual, scale) -> Metrics:
     got = np.asarray(actual, F32)
     if got.shape != want.shape:
         return malformed(f"scale_inv shape {got.shape} != expected {want.shape}")
-    return tolerance.compare_exact(got, want)
+    return compare_exact(got, want)
 
 
 # ---- codes ---------------------------------------------------------------------------------
@@ -277,7 +247,7 @@ def codes_within(bits, c_lo, c_hi, c_mid, fmt: str, lo, hi, *, live=None,
     ok = np.where(nan_ref, np.isnan(va), (bits == c_lo) | (bits == c_hi) | between | nan_ok)
     live = np.ones(bits.shape, bool) if live is None else live
     excused = int((ok & live & (bits != c_mid) & ~(np.isnan(va) & np.isnan(vmid))).sum())
-    return _interval_metrics(TIER, ok, va, vlo, vhi, vmid, live=live, excused=excused)
+    return _interval_metrics(Tier.CODE_INTERVAL, ok, va, vlo, vhi, vmid, live=live, excused=excused)
 
 
 def fp8_code_bounds(lo, hi, y_mid, scale, fmt: str, saturate: bool):
@@ -334,8 +304,8 @@ def mx_allowed_bytes(a_lo, a_hi, fmt: str, mode: str, *, rceil_ambiguity: bool =
     b_lo = qref.e8m0_scale(a_lo, fmt, mode).astype(np.int64)
     b_hi = qref.e8m0_scale(a_hi, fmt, mode).astype(np.int64)
     if mode == "rceil" and rceil_ambiguity:
-        amb_lo, _ = tolerance_quant.rceil_allowed_bytes(a_lo, fmt)
-        _, amb_hi = tolerance_quant.rceil_allowed_bytes(a_hi, fmt)
+        amb_lo, _ = rceil_allowed_bytes(a_lo, fmt)
+        _, amb_hi = rceil_allowed_bytes(a_hi, fmt)
         with np.errstate(invalid="ignore"):
             b_lo = np.where((a_lo > 0) & (b_lo != qref.E8M0_NAN), np.minimum(b_lo, amb_lo), b_lo)
             b_hi = np.where((a_hi > 0) & (b_hi != qref.E8M0_NAN), np.maximum(b_hi, amb_hi), b_hi)
@@ -356,7 +326,7 @@ def check_mx_scales(actual, a_lo, a_hi, a_mid, fmt: str, mode: str, *,
     nan_ref = mid == qref.E8M0_NAN
     b_hi = np.where(b_hi == qref.E8M0_NAN, 254, b_hi)
     ok = np.where(nan_ref, a == qref.E8M0_NAN, (a >= b_lo) & (a <= b_hi))
-    return _interval_metrics("e8m0-interval", ok, a, b_lo, b_hi, mid,
+    return _interval_metrics(Tier.E8M0_INTERVAL, ok, a, b_lo, b_hi, mid,
                              excused=int((ok & (a != mid)).sum()))
 
 
@@ -386,6 +356,27 @@ class FusedQuantJudge:
             recipe.get("scale_rule", fref.TE_RULE) == AITER_RULE
         self._cache: dict = {}
 
+    def tiers(self) -> dict[str, Tier]:
+        """The tier of each output this recipe has (an MX recipe reports no amax)."""
+        mx = self.recipe["kind"] == "mx"
+        out = {"data": Tier.CODE_INTERVAL,
+               "scale_inv": Tier.E8M0_INTERVAL if mx else
+               Tier.SCALE_INTERVAL if self.aiter_rule else Tier.EXACT}
+        if not mx:
+            out["amax"] = Tier.ABSENT if self.aiter_rule else Tier.AMAX_INTERVAL
+        return out
+
+    def check(self, output: str):
+        """The check of ``output``: check(outputs, numerics) -> Metrics."""
+        return {"data": self.check_data, "scale_inv": self.check_scale_inv,
+                "amax": self.check_amax}[output]
+
+    def check_pair(self, output: str):
+        """The pair rule of ``output``: each backend judged against its own bound of the
+        reference (two correct kernels may round y differently)."""
+        check = self.check(output)
+        return lambda ox, oy, nx, ny: combine_pair(check(ox, nx), check(oy, ny))
+
     # The interval for a backend's numerics (cached: three outputs share it).
     def intervals(self, numerics):
         key = numerics  # a frozen Numerics: hashable, equal when the declarations are
@@ -404,26 +395,9 @@ class FusedQuantJudge:
 
     def _codes(self, outputs):
         """Code bits (rows, N), unpacked for e2m1, or the reason they are malformed."""
-        data = outputs.get("data")
-        fmt = get_format(self.recipe["fmt"])
-        if data is None:
-            return "output 'data' missing"
         rows, n = self.y.shape
-        want = (torch.uint8, (rows, -(-n // 2))) if fmt.packed else (fmt.torch_dtype, (rows, n))
-        if data.dtype != want[0]:
-            return f"data dtype {data.dtype} != {want[0]} for {fmt.name}"
-        if tuple(data.shape) != want[1]:
-            return f"data shape {tuple(data.shape)} != expected {want[1]} (y {self.y.shape})"
-        bits = data.detach().cpu().contiguous().view(torch.uint8).numpy()
-        return qref.unpack_e2m1(bits, n) if fmt.packed else bits
-
-    def _tensor(self, outputs, name, dtype):
-        t = outputs.get(name)
-        if t is None:
-            return f"output {name!r} missing"
-        if t.dtype != dtype:
-            return f"{name} dtype {t.dtype} != {dtype}"
-        return t.detach().cpu().numpy()
+        return quantized.code_bits(outputs, "data", self.recipe["fmt"], n, rows=rows,
+                                   context=f" (y {self.y.shape})")
 
     def _recips(self, outputs, numerics):
         """(r_lo, r_hi): the fp32 multipliers the backend's codes were made with, per element
@@ -436,14 +410,14 @@ class FusedQuantJudge:
                 r_lo = r_hi = self.scale
             return np.broadcast_to(r_lo[0], rows), np.broadcast_to(r_hi[0], rows)
         if self.aiter_rule:
-            sinv = self._tensor(outputs, "scale_inv", torch.float32)
+            sinv = quantized.array_of(outputs, "scale_inv", torch.float32)
             if isinstance(sinv, str):
                 return sinv
             if sinv.shape != rows[:1]:
                 return f"scale_inv shape {sinv.shape} != expected {rows[:1]}"
             r_lo, r_hi = recip_range(sinv, numerics)
             return np.broadcast_to(r_lo[:, None], rows), np.broadcast_to(r_hi[:, None], rows)
-        amax = self._tensor(outputs, "amax", torch.float32)
+        amax = quantized.array_of(outputs, "amax", torch.float32)
         if isinstance(amax, str):
             return amax + " (the per-row scale under TE's rule is judged from it)"
         if amax.shape != rows[:1]:
@@ -461,7 +435,7 @@ class FusedQuantJudge:
     def _mx_scales(self, outputs, numerics):
         """The backend's E8M0 scale bytes, or why they cannot be judged (a str)."""
         return self._nonfinite_unjudged(numerics) or \
-            self._tensor(outputs, "scale_inv", torch.uint8)
+            quantized.array_of(outputs, "scale_inv", torch.uint8)
 
     def check_data(self, outputs, numerics) -> Metrics:
         bits = self._codes(outputs)
@@ -492,9 +466,9 @@ class FusedQuantJudge:
                 return malformed(scales)
             _, _, a_lo, a_hi = self.intervals(numerics)
             _, m_hi = abs_interval(self.y_mid, self.y_mid)
-            blocks = [tolerance_quant.block_amax(v) for v in (a_lo, a_hi, m_hi)]
+            blocks = [mx_block_amax(v) for v in (a_lo, a_hi, m_hi)]
             return check_mx_scales(scales, *blocks, r["fmt"], r["scale_rounding"])
-        sinv = self._tensor(outputs, "scale_inv", torch.float32)
+        sinv = quantized.array_of(outputs, "scale_inv", torch.float32)
         if isinstance(sinv, str):
             return malformed(sinv)
         if r["kind"] == "delayed":
@@ -502,20 +476,17 @@ class FusedQuantJudge:
         if self.aiter_rule:
             return check_aiter_scale_inv(sinv, *self._amax_interval(numerics), r["fmt"],
                                          numerics)
-        amax = self._tensor(outputs, "amax", torch.float32)
+        amax = quantized.array_of(outputs, "amax", torch.float32)
         if isinstance(amax, str):
             return malformed(amax)
         return check_scale_inv(sinv, row_scale(amax, r))
 
     def check_amax(self, outputs, numerics) -> Metrics:
         if self.aiter_rule:
-            if outputs.get("amax") is not None:
-                return malformed("amax must be None under scale_rule amax/fmax (AITER's rule "
-                                 "reports none)")
-            return Metrics("absent", 0, 0, 0.0, 0.0)
+            return quantized.check_no_amax(outputs)
         if outputs.get("amax") is None and not self.amax_required:
-            return Metrics("absent", 0, 0, 0.0, 0.0, note="not requested (return_amax=False)")
-        amax = self._tensor(outputs, "amax", torch.float32)
+            return absent("not requested (return_amax=False)")
+        amax = quantized.array_of(outputs, "amax", torch.float32)
         if isinstance(amax, str):
             return malformed(amax)
         return check_amax(amax, *self._amax_interval(numerics))

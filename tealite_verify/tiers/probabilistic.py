@@ -42,7 +42,7 @@ K < ~lambda^2) the deterministic one is used: it always holds.
 
 What is modelled
 ----------------
-Only the K-term accumulation term of :func:`tolerance.gemm_tolerances` becomes probabilistic;
+Only the K-term accumulation term of :func:`tiers.gemm.gemm_tolerances` becomes probabilistic;
 every other term stays deterministic (and is the same code): the final rounding to the output
 dtype (half an ulp), the fp32 epilogue, GELU, declared extra roundings (TF32 inputs, split-K
 partial sums, an accumulator rounded before the epilogue, dequantized operands), the
@@ -70,14 +70,16 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 
 from tealite.numerics import Numerics
 
-from tealite_verify import tolerance
+from tealite_verify.tiers import gemm
+from tealite_verify.tiers.metrics import Metrics
+from tealite_verify.tiers.primitives import gamma, to_f64, unit_roundoff
 
 ENV_VAR = "TEALITE_VERIFY_PROBABILISTIC"  # per-case false-alarm probability, e.g. 1e-9
 DEFAULT_FALSE_ALARM = 1e-9
@@ -132,10 +134,10 @@ def gamma_tilde(n: int, u: float, lam: float) -> float:
 
 
 def accumulation_gamma(lam: float) -> Callable[[int, float], float]:
-    """The K-term relative bound for :func:`tolerance.gemm_tolerances`: the probabilistic
+    """The K-term relative bound for :func:`gemm.gemm_tolerances`: the probabilistic
     gamma~_K(lambda), or the deterministic gamma_K where that is smaller (it always holds)."""
     def g(k: int, u: float) -> float:
-        return min(tolerance.gamma(k, u), gamma_tilde(k, u, lam))
+        return min(gamma(k, u), gamma_tilde(k, u, lam))
     return g
 
 
@@ -147,32 +149,26 @@ def rounds_to_nearest(numerics: Numerics) -> bool:
 
 def gemm_prob_tolerances(p_abs, p, pre, k: int, out_dtype, numerics: Numerics,
                          p_case: float, **kw) -> dict:
-    """:func:`tolerance.gemm_tolerances` with the accumulation term gamma_K replaced by
+    """:func:`gemm.gemm_tolerances` with the accumulation term gamma_K replaced by
     gamma~_K(lambda), lambda chosen for ``p_case`` over this case's outputs; ``kw`` as there."""
     if not rounds_to_nearest(numerics):
-        return tolerance.gemm_tolerances(p_abs, p, pre, k, out_dtype, numerics, **kw)
-    u_acc = tolerance.unit_roundoff(torch.float32)
+        return gemm.gemm_tolerances(p_abs, p, pre, k, out_dtype, numerics, **kw)
+    u_acc = unit_roundoff(torch.float32)
     lam = lambda_for(p_case, rounding_events(_numel(p), k), u_acc)
-    return tolerance.gemm_tolerances(p_abs, p, pre, k, out_dtype, numerics,
-                                     accumulation_gamma=accumulation_gamma(lam), **kw)
+    return gemm.gemm_tolerances(p_abs, p, pre, k, out_dtype, numerics,
+                                accumulation_gamma=accumulation_gamma(lam), **kw)
 
 
 def _numel(x) -> int:
     return int(x.numel()) if isinstance(x, torch.Tensor) else int(np.size(x))
 
 
-def _f64(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
 def max_ratio(actual, expected, tol) -> float:
     """max |actual - expected| / tol over the elements where both are finite (NaN / Inf /
     overflow are the deterministic tier's to judge); 0 where there are none, inf where an
     error meets a zero bound."""
-    a, e = _f64(actual), _f64(expected)
-    t = np.broadcast_to(_f64(tol), e.shape)
+    a, e = to_f64(actual), to_f64(expected)
+    t = np.broadcast_to(to_f64(tol), e.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a - e)
     ok = np.isfinite(err)
@@ -187,7 +183,7 @@ def max_ratio(actual, expected, tol) -> float:
 def fa_ratio(actual, expected, baseline) -> float:
     """max|actual - ref| / max|baseline - ref| over elements where all three are finite; 0/0
     (both exact) is 0, x/0 is inf."""
-    a, e, b = _f64(actual), _f64(expected), _f64(baseline)
+    a, e, b = to_f64(actual), to_f64(expected), to_f64(baseline)
     ok = np.isfinite(a) & np.isfinite(e) & np.isfinite(b)
     if not ok.any():
         return 0.0
@@ -198,8 +194,7 @@ def fa_ratio(actual, expected, baseline) -> float:
     return num / den
 
 
-def with_probabilistic(m: tolerance.Metrics, actual, expected, prob_tol,
-                       baseline=None) -> tolerance.Metrics:
+def with_probabilistic(m: Metrics, actual, expected, prob_tol, baseline=None) -> Metrics:
     """``m`` (the deterministic Metrics) with ``prob_ratio`` and ``fa_ratio`` filled in; a
     shape error leaves it as it is."""
     if m.shape_error is not None or tuple(actual.shape) != tuple(np.shape(expected)):
