@@ -29,14 +29,16 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.formats import get_format
+from tealite.recipes import Granularity
 from tealite.ops.quantize import QuantizedTensor
 from tealite_verify import coverage as cov
+from tealite_verify import recipe_rules as rules
 from tealite_verify import tolerance, tolerance_quant
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, aiter_recipes,
+from tealite_verify.strategies.recipes import (FP8_SCALE_RULES, aiter_recipes, given_scale,
                                                recipe_from_json, recipes)
 from tealite_verify.strategies.shapes import dim, row_shapes
 from tealite_verify.strategies.values import distributions, seeds
@@ -62,28 +64,30 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
     # rowwise and in whole MX blocks (what they accept); the rest every recipe, both scale
     # rules, every direction.
     aiter_shaped = draw(pick(False, False, True))
-    recipe = draw(aiter_recipes() if aiter_shaped else recipes(scale_rules=FP8_SCALE_RULES))
+    entry = draw(aiter_recipes() if aiter_shaped else recipes(scale_rules=FP8_SCALE_RULES))
+    recipe = recipe_from_json(entry)
     limit = _LIMITS[size]
     rowwise, columnwise = (True, False) if aiter_shaped else \
         draw(pick((True, False), (False, True), (True, True)))
     pad = False
     m, k = draw(dim(limit, allow_zero=True)), draw(dim(limit))
-    if recipe["kind"] == "mx":
+    blk = rules.row_block(recipe)
+    if blk:
         pad = False if aiter_shaped else draw(st.booleans())
         if not pad:  # the blocked dims must be whole blocks (and even for e2m1)
-            k = 32 * max(1, k // 32) if rowwise else k
-            m = 32 * max(0 if not columnwise else 1, m // 32) if columnwise else m
-    dist = draw(_distributions(recipe["fmt"], dtype))
-    return {"recipe": recipe, "dtype": dtype, "shape": [m, k], "rowwise": rowwise,
+            k = blk * max(1, k // blk) if rowwise else k
+            m = blk * max(0 if not columnwise else 1, m // blk) if columnwise else m
+    dist = draw(_distributions(recipe.fmt, dtype))
+    return {"recipe": entry, "dtype": dtype, "shape": [m, k], "rowwise": rowwise,
             "columnwise": columnwise, "pad": pad, "dist": dist, "seed": draw(seeds())}
 
 
 def make_inputs(case, device):
     x = generate(case["dist"], case["shape"], dtype_of(case["dtype"]), case["seed"], device)
     inputs = {"x": x}
-    if case["recipe"]["kind"] == "delayed":
-        inputs["scale"] = torch.tensor([case["recipe"]["scale"]], dtype=torch.float32,
-                                       device=device)
+    scale = given_scale(case["recipe"])
+    if scale is not None:
+        inputs["scale"] = torch.tensor([scale], dtype=torch.float32, device=device)
     return inputs
 
 
@@ -149,10 +153,11 @@ def _nonfinite_blocks(x, block: int = 32) -> np.ndarray:
         return ~np.isfinite(tolerance_quant.block_amax(np.where(np.isinf(x), np.nan, x), block))
 
 
-def _mx_expected(x, prefix, r) -> dict:
+def _mx_expected(x, prefix, recipe, scale=None) -> dict:
     """Expected entries for one direction (x is already transposed for columnwise)."""
-    fmt, mode, er = r["fmt"], r["scale_rounding"], r["element_rounding"]
-    bits, scales = ref.mx_quantize(x, fmt, mode, er)
+    fmt, mode, er = recipe.fmt, recipe.scale_rounding.value, recipe.element_rounding.value
+    q = rules.quantize(x, recipe)
+    bits, scales = q.bits, q.scale_inv
     k = x.shape[1]
     dname, sname = f"{prefix}data", f"{prefix}scale_inv"
     packed = ref.pack_e2m1(bits) if fmt == "e2m1" else bits
@@ -277,11 +282,11 @@ def _codes_under_recip_bound(codes, x, scale_inv, fmt, per_row, ulps) -> toleran
     return _first_bad(tier, ok, got, ref.decode(bounds[0], fmt), int(codes.size))
 
 
-def _aiter_rule_expected(x, prefix, r, bits, scale_inv) -> dict:
+def _aiter_rule_expected(x, prefix, recipe, bits, scale_inv) -> dict:
     """FP8 current scaling under AITER's rule: bit-exact for a backend whose divisions are
     IEEE, the fp32_div_ulps tiers otherwise (see the module docstring)."""
-    fmt, n = r["fmt"], x.shape[1]
-    per_row = r["granularity"] == "row"
+    fmt, n = recipe.fmt, x.shape[1]
+    per_row = recipe.scale_granularity is Granularity.ROW
     amax = ref.aiter_amax(x, per_row=per_row)
     dname, sname = f"{prefix}data", f"{prefix}scale_inv"
     ml = ref.ML_DTYPES[fmt]
@@ -323,30 +328,25 @@ def _aiter_rule_expected(x, prefix, r, bits, scale_inv) -> dict:
                                 ox[sname], oy[sname])))}
 
 
-def _fp8_expected(x, prefix, r) -> dict:
-    gran = {"current": None, "block": "block", "delayed": "given"}[r["kind"]]
-    gran = gran or r["granularity"]
-    rule = r.get("scale_rule", FP8_SCALE_RULES[0])
-    bits, scale_inv, _ = ref.fp8_quantize(
-        x, r["fmt"], gran, scale=r.get("scale"), force_pow2=r.get("force_pow2_scales", False),
-        amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None,
-        saturate=r.get("saturation", "saturate") == "saturate", scale_rule=rule)
-    if rule == AITER_RULE:
-        return _aiter_rule_expected(x, prefix, r, bits, scale_inv)
+def _fp8_expected(x, prefix, recipe, scale=None) -> dict:
+    q = rules.quantize(x, recipe, scale)
+    bits, scale_inv = q.bits, q.scale_inv
+    if rules.divides_by_fmax(recipe):
+        return _aiter_rule_expected(x, prefix, recipe, bits, scale_inv)
     dname = f"{prefix}data"
     n = x.shape[1]
-
-    ml = ref.ML_DTYPES[r["fmt"]]
+    fmt = recipe.fmt
+    ml = ref.ML_DTYPES[fmt]
 
     # Codes compared as FP8 values bit-exactly, except that any NaN code matches any NaN
     # (torch writes 0x7F for an e5m2 NaN, ml_dtypes 0x7E: both are NaN, no payload contract).
     def check_codes(outs, numerics):
-        codes = _codes(outs, dname, r["fmt"], n)
+        codes = _codes(outs, dname, fmt, n)
         return _malformed(codes) if isinstance(codes, str) else \
             tolerance.compare_exact(codes.view(ml), bits.view(ml))
 
     def pair_codes(ox, oy, nx, ny):
-        cx, cy = _codes(ox, dname, r["fmt"], n), _codes(oy, dname, r["fmt"], n)
+        cx, cy = _codes(ox, dname, fmt, n), _codes(oy, dname, fmt, n)
         if isinstance(cx, str) or isinstance(cy, str):
             return _malformed(cx if isinstance(cx, str) else cy)
         return tolerance.compare_exact(cx.view(ml), cy.view(ml))
@@ -355,22 +355,24 @@ def _fp8_expected(x, prefix, r) -> dict:
             f"{prefix}scale_inv": Expected(scale_inv, torch.float32, "exact")}
 
 
+# The expected entries of one direction, by the tier that judges the recipe's codes.
+_EXPECTED_BY_TIER = {"exact": _fp8_expected, "e8m0-adjusted": _mx_expected}
+
+
 def reference(inputs, case):
     x = inputs["x"].astype(np.float32)
-    r = case["recipe"]
+    recipe, scale = recipe_from_json(case["recipe"]), given_scale(case["recipe"])
+    expected_of = _EXPECTED_BY_TIER[rules.code_tier(recipe)]
     expected = {}
     for flag, prefix, t in ((case["rowwise"], "", x), (case["columnwise"], "columnwise_", x.T)):
         if flag:
-            t = np.ascontiguousarray(t)
-            expected.update(_mx_expected(t, prefix, r) if r["kind"] == "mx"
-                            else _fp8_expected(t, prefix, r))
-    if r.get("scale_rule") == AITER_RULE:
+            expected.update(expected_of(np.ascontiguousarray(t), prefix, recipe, scale))
+    amax = rules.reference_amax(x, recipe)
+    if rules.divides_by_fmax(recipe):
         expected["amax"] = Expected(None, torch.float32, "absent", check=_no_amax,
                                     check_pair=lambda ox, oy, nx, ny: _no_amax(ox, nx))
-    elif r["kind"] in ("delayed",) or (r["kind"] == "current" and r["granularity"] == "tensor"):
-        expected["amax"] = Expected(ref.amax(x).reshape(1), torch.float32, "exact")
-    elif r["kind"] == "current":
-        expected["amax"] = Expected(ref.amax(x, axis=1), torch.float32, "exact")
+    elif amax is not None:
+        expected["amax"] = Expected(amax, torch.float32, "exact")
     return expected
 
 
@@ -391,17 +393,11 @@ def dq_cases(dtype: str | None = None, size: str = "ci"):
 def dq_make_inputs(case, device):
     """Codes and scales from the *reference* quantizer, so every backend decodes the same."""
     x = make_inputs(case, "cpu")["x"].float().numpy()
-    r = case["recipe"]
-    recipe = recipe_from_json(r)
-    if r["kind"] == "mx":
-        bits, scales = ref.mx_quantize(x, r["fmt"], r["scale_rounding"], r["element_rounding"])
-        data = torch.from_numpy(ref.pack_e2m1(bits) if r["fmt"] == "e2m1" else bits)
-        scale_inv = torch.from_numpy(scales)
-    else:
-        exp = _fp8_expected(x, "", r)
-        data = torch.from_numpy(exp["data"].value)
-        scale_inv = torch.from_numpy(np.asarray(exp["scale_inv"].value))
-    fmt = get_format(r["fmt"])
+    recipe = recipe_from_json(case["recipe"])
+    q = rules.quantize(x, recipe, given_scale(case["recipe"]))
+    fmt = get_format(recipe.fmt)
+    data = torch.from_numpy(ref.pack_e2m1(q.bits) if fmt.packed else q.bits)
+    scale_inv = torch.from_numpy(np.asarray(q.scale_inv))
     if not fmt.packed:
         data = data.view(fmt.torch_dtype)
     return {"data": data.to(device), "scale_inv": scale_inv.to(device),
@@ -415,25 +411,14 @@ def dq_call(inputs, case, backend):
 
 
 def dq_reference(inputs, case):
-    r = case["recipe"]
+    recipe = recipe_from_json(case["recipe"])
     m, k = case["shape"]
-    data = np.asarray(inputs["data"])
-    if r["kind"] == "mx":
-        # The runner hands references float64 views of the inputs: FP8 codes arrive decoded,
-        # packed e2m1 bytes and E8M0 bytes arrive as their integer values.
-        vals = ref.decode(ref.unpack_e2m1(data.astype(np.uint8), k), "e2m1") \
-            if r["fmt"] == "e2m1" else data
-        scales = np.asarray(inputs["scale_inv"]).astype(np.uint8)
-        y = vals * np.repeat(ref.e8m0_value(scales), 32, axis=-1)[:, :k]
-    else:
-        vals = np.asarray(inputs["data"], dtype=np.float64)
-        s = np.asarray(inputs["scale_inv"], dtype=np.float64)
-        if r["kind"] == "block":
-            bm, bn = r["block"]
-            s = np.repeat(np.repeat(s, bm, axis=0), bn, axis=1)[:m, :k]
-        elif r["kind"] == "current" and r["granularity"] == "row":
-            s = s[:, None]
-        y = vals * s
+    # The runner hands references float64 views of the inputs: FP8 codes arrive decoded,
+    # packed e2m1 bytes and E8M0 bytes arrive as their integer values.
+    data = np.asarray(inputs["data"], dtype=np.float64)
+    vals = ref.decode(ref.unpack_e2m1(data.astype(np.uint8), k), recipe.fmt) \
+        if get_format(recipe.fmt).packed else data
+    y = vals * rules.element_scale(np.asarray(inputs["scale_inv"]), recipe, (m, k))
     out_dt = dtype_of(case["dtype"])
     # codes x scale rounded once in fp32, then once to the output dtype.
     return {"y": Expected(y, out_dt, "ulp", lambda n: tolerance.elementwise_tolerance(
