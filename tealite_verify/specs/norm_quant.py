@@ -23,8 +23,7 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
-from tealite.formats import get_format
-from tealite.formats import ElementRounding, Saturation, ScaleRounding
+from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
 from tealite_verify import coverage as cov
 from tealite_verify import recipe_rules as rules
 from tealite_verify.references import fused as fref

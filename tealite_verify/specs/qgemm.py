@@ -20,7 +20,8 @@ from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs.gemm import stored_shapes
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.recipes import given_scale, recipe_from_json, recipes
+from tealite_verify.strategies.recipes import (RECIPE_KINDS, given_scale, recipe_from_json,
+                                               recipes)
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
@@ -231,9 +232,9 @@ _BLK = {"kind": "block", "fmt": "e4m3", "block": [128, 128], "force_pow2_scales"
 register(OpSpec(
     name="qgemm", family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference,
-    coverage=(cov.recipe_cells("recipe_a", ("delayed", "current", "block", "mx"))
+    coverage=(cov.recipe_cells("recipe_a", RECIPE_KINDS)
               # b holds the activations: 1x128 blocks only (the op's contract, as TE's).
-              + cov.recipe_cells("recipe_b", ("delayed", "current", "block", "mx"),
+              + cov.recipe_cells("recipe_b", RECIPE_KINDS,
                                  blocks=((1, 128),))
               + cov.layout_cells("layout", LAYOUTS) + cov.layout_cells("bias", (True, False))
               + cov.edge_cells(cov.FINITE_EDGES + (cov.SQUARE,))

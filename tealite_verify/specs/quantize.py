@@ -38,8 +38,8 @@ from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.recipes import (FP8_SCALE_RULES, aiter_recipes, given_scale,
-                                               recipe_from_json, recipes)
+from tealite_verify.strategies.recipes import (FP8_SCALE_RULES, RECIPE_KINDS, aiter_recipes,
+                                               given_scale, recipe_from_json, recipes)
 from tealite_verify.strategies.shapes import dim, row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
@@ -447,7 +447,7 @@ SMOKE = (
      "dist": {"kind": "normal", "scale": 1.0}, "seed": 9},
 )
 
-_RECIPE_CELLS = cov.recipe_cells("recipe", ("delayed", "current", "block", "mx"),
+_RECIPE_CELLS = cov.recipe_cells("recipe", RECIPE_KINDS,
                                   aiter_rule=True)
 register(OpSpec(name="quantize", family="quantize", cases=cases, make_inputs=make_inputs,
                 call=call, reference=reference, smoke_cases=SMOKE,
