@@ -19,7 +19,9 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from tealite import recipes as R
 from tealite.formats import (FP8_FORMATS, ElementRounding, ScaleRounding, get_format)
+from tealite_verify.strategies.recipes import given_scale, recipe_from_json
 
 RECIPE_KEYS = ("recipe", "recipe_a", "recipe_b")
 # Case keys that pick a kernel variant: each value is a layout cell (axis = the key).
@@ -201,20 +203,8 @@ def _label(v: Any) -> str:
 # ---- classification ----------------------------------------------------------------------
 
 def recipe_label(r: Mapping) -> str:
-    kind = r["kind"]
-    if kind == "delayed":
-        return "delayed"
-    if kind == "current":
-        rule = "aiter" if r.get("scale_rule") == _RULES["aiter"] else "te"
-        return f"current/{r['granularity']}/{rule}"
-    if kind == "block":
-        b = r["block"]
-        return f"block/{b[0]}x{b[1]}/{'pow2' if r.get('force_pow2_scales') else 'fp32'}"
-    if kind == "mx":
-        if r["fmt"] == "e2m1":
-            return f"mxfp4/{r['scale_rounding']}/{r['element_rounding']}"
-        return f"mxfp8/{r['scale_rounding']}"
-    return kind
+    family, variant = recipe_from_json(r).taxonomy()
+    return "/".join(family + variant)
 
 
 def case_labels(case: Mapping) -> dict[str, str]:
@@ -223,12 +213,13 @@ def case_labels(case: Mapping) -> dict[str, str]:
     for key in RECIPE_KEYS:
         r = case.get(key)
         if isinstance(r, Mapping) and "kind" in r:
-            out[key] = recipe_label(r)
-            out[f"{key}.family"] = "/".join(out[key].split("/")[:2]) if r["kind"] in (
-                "current", "block") else out[key].split("/")[0]
-            out[f"{key}.format"] = r["fmt"]
-            if r["kind"] != "mx":
-                out[f"{key}.saturation"] = r.get("saturation", "saturate")
+            recipe = recipe_from_json(r)
+            family, variant = recipe.taxonomy()
+            out[key] = "/".join(family + variant)
+            out[f"{key}.family"] = "/".join(family)
+            out[f"{key}.format"] = recipe.fmt
+            if hasattr(recipe, "saturation"):
+                out[f"{key}.saturation"] = recipe.saturation.value
     for key in LAYOUT_KEYS:
         if key in case and not isinstance(case[key], (dict, list)):
             out[key] = _label(case[key])
@@ -309,9 +300,10 @@ def _overflows(case: Mapping, x: torch.Tensor) -> bool:
     """A given (delayed) scale that pushes the input past its format's largest value."""
     for key in RECIPE_KEYS:
         r = case.get(key)
-        if isinstance(r, Mapping) and r.get("kind") == "delayed":
+        scale = given_scale(r) if isinstance(r, Mapping) else None
+        if scale is not None:
             amax = float(x.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
-            if amax * float(r["scale"]) > get_format(r["fmt"]).max:
+            if amax * float(scale) > get_format(recipe_from_json(r).fmt).max:
                 return True
     return False
 
@@ -352,7 +344,8 @@ def _get(case: Mapping, path: str):
     if field == "fp4":
         return r.get("fmt") == "e2m1"
     if field == "fp8":
-        return r.get("kind") != "mx"
+        return R.BY_KIND[r["kind"]].family is R.Family.FP8 if r.get("kind") in R.BY_KIND \
+            else None
     return r.get(field)
 
 

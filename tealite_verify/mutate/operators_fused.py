@@ -28,7 +28,7 @@ def _ln_y_rounded_to_input_dtype(fn):
 
 
 def _fp8_scale_inv_doubled(q, args, kw):
-    if not isinstance(q.recipe, R.MXBlockScaling) and q.scale_inv is not None:
+    if q.recipe.family is not R.Family.MX and q.scale_inv is not None:
         q.scale_inv = q.scale_inv * 2
     return q
 

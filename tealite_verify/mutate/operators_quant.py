@@ -131,7 +131,7 @@ _TIES_AWAY = TQB._fp8_cast_ties_away
 
 def _scale_inv_doubled(q, args, kw):
     """FP8 (not MX) dequantization scales one exponent too large, codes untouched."""
-    if isinstance(q.recipe, R.MXBlockScaling):
+    if q.recipe.family is R.Family.MX:
         return q
     for name in ("scale_inv", "columnwise_scale_inv"):
         s = getattr(q, name)
@@ -142,7 +142,7 @@ def _scale_inv_doubled(q, args, kw):
 
 def _e8m0_last_byte_up(q, args, kw):
     """The last block's E8M0 byte + 1 (codes untouched)."""
-    if not isinstance(q.recipe, R.MXBlockScaling):
+    if q.recipe.family is not R.Family.MX:
         return q
     for name in ("scale_inv", "columnwise_scale_inv"):
         s = getattr(q, name)
@@ -158,7 +158,7 @@ def _nibbles_swapped(t: torch.Tensor) -> torch.Tensor:
 
 
 def _packed(q) -> bool:
-    return isinstance(q.recipe, R.MXBlockScaling) and q.recipe.fmt == "e2m1"
+    return q.recipe.family is R.Family.MX and q.recipe.fmt == "e2m1"
 
 
 def _output_nibbles_swapped(q, args, kw):
@@ -205,7 +205,7 @@ def _last_row_garbage(q, args, kw):
 
 def _mx_partial_block_garbage(q, args, kw):
     """The codes of each row's partial last MX block hold a fixed byte (never written)."""
-    if not isinstance(q.recipe, R.MXBlockScaling) or q.data is None:
+    if q.recipe.family is not R.Family.MX or q.data is None:
         return q
     k = q.shape[1]
     start = 32 * (k // 32)
@@ -290,7 +290,7 @@ for _m in (
 def _mx_bias_126(y, args, kw):
     """E8M0 decoded with bias 126: every MX value twice too large."""
     (q,) = args
-    return y * 2 if isinstance(q.recipe, R.MXBlockScaling) else y
+    return y * 2 if q.recipe.family is R.Family.MX else y
 
 
 def _input_nibbles_swapped(args, kw):

@@ -91,7 +91,7 @@ def move_tensor(t: torch.Tensor, k: int) -> torch.Tensor:
 def _move_codes(q, k: int):
     name = "data" if q.data is not None else "columnwise_data"
     codes = getattr(q, name)
-    packed = isinstance(q.recipe, R.MXBlockScaling) and q.recipe.fmt == "e2m1"
+    packed = q.recipe.family is R.Family.MX and q.recipe.fmt == "e2m1"
     setattr(q, name, move_e2m1(codes, k) if packed else move_tensor(codes, k))
     return q
 

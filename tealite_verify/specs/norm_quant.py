@@ -23,25 +23,22 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
-from tealite.formats import get_format
+from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
 from tealite_verify import coverage as cov
+from tealite_verify import recipe_rules as rules
 from tealite_verify.references import fused as fref
 from tealite_verify.references import quantize as qref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs import norms as norm_spec
 from tealite_verify.strategies.choices import pick
-from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, recipe_from_json,
-                                               recipes)
+from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, given_scale,
+                                               recipe_from_json, recipes)
 from tealite_verify.tiers import bounded
 from tealite_verify.tiers.code_interval import FusedQuantJudge
 from tealite_verify.tiers.metrics import absent
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
 FUSED_KINDS = ("delayed", "current", "mx")
-
-
-def _per_row(r: dict) -> dict:
-    return dict(r, granularity="row") if r["kind"] == "current" else r
 
 
 @functools.lru_cache(maxsize=None)  # built once: drawn from on every case
@@ -51,7 +48,7 @@ def fused_recipes() -> st.SearchStrategy[dict]:
     # The kind first (a third each): drawn as one_of, the two scale rules make "current"
     # crowd out the MX modes in short derandomized runs.
     return pick(*FUSED_KINDS).flatmap(
-        lambda kind: recipes((kind,), scale_rules=FP8_SCALE_RULES)).map(_per_row)
+        lambda kind: recipes((kind,), scale_rules=FP8_SCALE_RULES, granularity=("row",)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,14 +57,10 @@ def aiter_fused_recipes() -> st.SearchStrategy[dict]:
     scale FP8 that saturates (its kernel clamps), MXFP4 with EVEN scales and ties-away elements
     (drawn three times as often: the one that runs under Triton's interpreter too)."""
     options = {
-        "mxfp4": st.just({"kind": "mx", "fmt": "e2m1", "scale_rounding": "even",
-                          "element_rounding": "ties_away"}),
-        "row": st.builds(lambda f, sat: {"kind": "current", "fmt": f, "granularity": "row",
-                                         "force_pow2_scales": False, "amax_epsilon": 0.0,
-                                         "saturation": sat, "scale_rule": AITER_RULE},
-                         pick("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"),
-                         pick("saturate", "nonfinite")),
-        "given": recipes(("delayed",)).map(lambda r: dict(r, saturation="saturate")),
+        "mxfp4": recipes(("mx",), fmt=("e2m1",), scale_rounding=(ScaleRounding.EVEN,),
+                         element_rounding=(ElementRounding.TIES_AWAY,)),
+        "row": recipes(("current",), scale_rules=(AITER_RULE,), granularity=("row",)),
+        "given": recipes(("delayed",), saturation=(Saturation.SATURATE,)),
     }
     return pick("mxfp4", "mxfp4", "mxfp4", "row", "given").flatmap(options.get)
 
@@ -97,21 +90,22 @@ def output_flags(case, *, norm: bool) -> dict:
     return flags
 
 
-def fit_to_recipe(shape, recipe: dict, *, gated: bool = False) -> list:
+def fit_to_recipe(shape, entry: dict, *, gated: bool = False) -> list:
     """MX blocks are 32 along the (output) hidden dim: round it down to whole blocks (>= 1)."""
     shape = list(shape)
-    if recipe["kind"] == "mx":
+    blk = rules.row_block(recipe_from_json(entry))
+    if blk:
         n = shape[-1] // 2 if gated else shape[-1]
-        n = 32 * max(1, n // 32)
+        n = blk * max(1, n // blk)
         shape[-1] = 2 * n if gated else n
     return shape
 
 
 def scale_input(case, device) -> dict:
-    if case["recipe"]["kind"] != "delayed":
+    scale = given_scale(case["recipe"])
+    if scale is None:
         return {}
-    return {"scale": torch.tensor([case["recipe"]["scale"]], dtype=torch.float32,
-                                  device=device)}
+    return {"scale": torch.tensor([scale], dtype=torch.float32, device=device)}
 
 
 def quantized_outputs(q) -> dict:
@@ -119,7 +113,7 @@ def quantized_outputs(q) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def quantized_expected(y_expected, recipe: dict, scale, *, amax_required: bool = True) -> dict:
+def quantized_expected(y_expected, entry: dict, scale, *, amax_required: bool = True) -> dict:
     """Expected entries of the quantized output from the plain spec's Expected for y (built
     for an fp32 output: its bound is e on |y_fp32 - y_ref| plus y's own fp32 rounding)."""
     y = y_expected.value
@@ -128,21 +122,24 @@ def quantized_expected(y_expected, recipe: dict, scale, *, amax_required: bool =
     def bound(numerics):
         return fref.as_rows(np.broadcast_to(y_expected.bound(numerics), y.shape))
 
-    judge = FusedQuantJudge(rows, bound, recipe, scale, amax_required=amax_required)
-    return _judged_expected(judge, fref.quantize_rows(fref.round_to_f32(rows), recipe, scale))
+    # The code-interval tier (tiers/code_interval.py) still reads the recipe's JSON entry.
+    judge = FusedQuantJudge(rows, bound, entry, scale, amax_required=amax_required)
+    recipe = recipe_from_json(entry)
+    given = scale if scale is not None or not recipe.scale_given else given_scale(entry)
+    return _judged_expected(judge, recipe,
+                            rules.quantize(fref.round_to_f32(rows), recipe, given))
 
 
-def _judged_expected(judge: FusedQuantJudge, reference: dict) -> dict:
+def _judged_expected(judge: FusedQuantJudge, recipe, reference: rules.Quantized) -> dict:
     """Expected entries for data, scale_inv and amax, each judged by ``judge``; ``reference``
-    is references.fused.quantize_rows of round32(y_ref) (the e = 0 answer)."""
-    r = judge.recipe
-    bits = reference["bits"]
-    if get_format(r["fmt"]).packed:
+    is the reference quantization of round32(y_ref) (the e = 0 answer)."""
+    bits = reference.bits
+    if get_format(recipe.fmt).packed:
         bits = qref.pack_e2m1(bits)
+    amax = None if reference.amax is None else np.asarray(reference.amax, np.float32)
     values = {"data": (bits, torch.uint8),
-              "scale_inv": (reference["scale_inv"],
-                            torch.uint8 if r["kind"] == "mx" else torch.float32),
-              "amax": (reference.get("amax"), torch.float32)}
+              "scale_inv": (reference.scale_inv, rules.scale_dtype(recipe)),
+              "amax": (amax, torch.float32)}
     return {name: Expected(*values[name], tier, check=judge.check(name),
                            check_pair=judge.check_pair(name))
             for name, tier in judge.tiers().items()}

@@ -13,13 +13,15 @@ from tealite.numerics import FP8_CODE_ALIGNMENT
 from tealite.ops.gemm import LAYOUTS
 from tealite.ops.quantize import QuantizedTensor
 from tealite_verify import coverage as cov
+from tealite_verify import recipe_rules as rules
 from tealite_verify.references import qgemm as ref
 from tealite_verify.references import quantize as qref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs.gemm import stored_shapes
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.recipes import recipe_from_json, recipes
+from tealite_verify.strategies.recipes import (RECIPE_KINDS, given_scale, recipe_from_json,
+                                               recipes)
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
@@ -36,10 +38,9 @@ def _recipe_pair(draw):
     if family == "fp8":
         fp8 = recipes(["current", "delayed"])
         return draw(fp8), draw(fp8)
-    if family == "block":
+    if family == "block":  # b holds the activations: 1x128 blocks of a's format
         a = draw(recipes(["block"]))
-        b = dict(draw(recipes(["block"])), block=[1, 128], fmt=a["fmt"])
-        return a, b
+        return a, draw(recipes(["block"], block=[(1, 128)], fmt=[recipe_from_json(a).fmt]))
     return draw(recipes(["mx"])), draw(recipes(["mx"]))
 
 
@@ -49,8 +50,9 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
     dtype = dtype or draw(float_dtypes())
     ra, rb = draw(_recipe_pair())
     m, n, k = draw(gemm_shapes(max_mn=max_mn, max_k=max_k))
-    if ra["kind"] == "mx":
-        k = 32 * max(1, k // 32)
+    blk = rules.row_block(recipe_from_json(ra))
+    if blk:
+        k = blk * max(1, k // blk)
     return {"recipe_a": ra, "recipe_b": rb, "m": m, "n": n, "k": k,
             "layout": draw(pick(*LAYOUTS)), "dtype": dtype,
             "out_dtype": draw(pick("bfloat16", "float32", "float16")),
@@ -59,24 +61,15 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
             "dist_b": draw(distributions(dtype, wide=False)), "seed": draw(seeds())}
 
 
-def quantize_k_last(x_k: np.ndarray, r: dict):
-    """Reference (code bits, scales) of a K-last float32 operand under recipe dict ``r``."""
-    if r["kind"] == "mx":
-        return qref.mx_quantize(x_k, r["fmt"], r["scale_rounding"], r["element_rounding"])
-    gran = {"delayed": "given", "block": "block"}.get(r["kind"]) or r["granularity"]
-    bits, scale_inv, _ = qref.fp8_quantize(
-        x_k, r["fmt"], gran, scale=r.get("scale"), force_pow2=r.get("force_pow2_scales", False),
-        amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None,
-        saturate=r.get("saturation", "saturate") == "saturate")
-    return bits, scale_inv
+def quantize_k_last(x_k: np.ndarray, entry: dict):
+    """Reference (code bits, scales) of a K-last float32 operand under a case's recipe
+    entry."""
+    q = rules.quantize(x_k, recipe_from_json(entry), given_scale(entry))
+    return q.bits, q.scale_inv
 
 
-def dequantize_k_last(bits, scales, r: dict) -> np.ndarray:
-    if r["kind"] == "mx":
-        return qref.mx_dequantize(bits, scales, r["fmt"])
-    gran = {"delayed": "tensor", "block": "block"}.get(r["kind"]) or r["granularity"]
-    return ref.dequantize_fp8(bits, scales, r["fmt"], gran,
-                              tuple(r["block"]) if "block" in r else None)
+def dequantize_k_last(bits, scales, entry: dict) -> np.ndarray:
+    return rules.dequantize(bits, scales, recipe_from_json(entry))
 
 
 def _k_last(x: np.ndarray, k_first: bool) -> np.ndarray:
@@ -85,10 +78,11 @@ def _k_last(x: np.ndarray, k_first: bool) -> np.ndarray:
 
 def _operand(x_stored: torch.Tensor, r: dict, k_first: bool, device) -> QuantizedTensor:
     bits, scales = quantize_k_last(_k_last(x_stored.float().numpy(), k_first), r)
-    fmt = get_format(r["fmt"])
+    recipe = recipe_from_json(r)
+    fmt = get_format(recipe.fmt)
     data = torch.from_numpy(qref.pack_e2m1(bits) if fmt.packed else bits)
     data = data if fmt.packed else data.view(fmt.torch_dtype)
-    q = QuantizedTensor(recipe=recipe_from_json(r), shape=tuple(x_stored.shape))
+    q = QuantizedTensor(recipe=recipe, shape=tuple(x_stored.shape))
     payload = (data.to(device), torch.from_numpy(np.asarray(scales)).to(device))
     if k_first:
         q.columnwise_data, q.columnwise_scale_inv = payload
@@ -176,10 +170,11 @@ def _lifted(x_k: np.ndarray, r: dict) -> tuple[np.ndarray, np.ndarray]:
     """(|value| with subnormal codes lifted to twice the smallest normal, which codes were
     subnormal) of a K-last operand; e2m1 goes through no FP8 MMA: nothing lifted."""
     bits, scales = quantize_k_last(x_k, r)
-    if r["fmt"] == "e2m1":
+    fmt = get_format(recipe_from_json(r).fmt)
+    if fmt.packed:
         plain = np.abs(dequantize_k_last(bits, scales, r))
         return plain, np.zeros(plain.shape, bool)
-    mant = (1 << get_format(r["fmt"]).mbits) - 1
+    mant = (1 << fmt.mbits) - 1
     sub = ((bits & (0x7F & ~mant)) == 0) & ((bits & mant) != 0)
     # Exponent field 2, mantissa 0: twice the smallest normal (tiers.gemm.aligned_magnitude).
     lifted_bits = np.where(sub, np.uint8((mant + 1) * 2), bits & 0x7F).astype(np.uint8)
@@ -240,9 +235,9 @@ _BLK = {"kind": "block", "fmt": "e4m3", "block": [128, 128], "force_pow2_scales"
 register(OpSpec(
     name="qgemm", family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference,
-    coverage=(cov.recipe_cells("recipe_a", ("delayed", "current", "block", "mx"))
+    coverage=(cov.recipe_cells("recipe_a", RECIPE_KINDS)
               # b holds the activations: 1x128 blocks only (the op's contract, as TE's).
-              + cov.recipe_cells("recipe_b", ("delayed", "current", "block", "mx"),
+              + cov.recipe_cells("recipe_b", RECIPE_KINDS,
                                  blocks=((1, 128),))
               + cov.layout_cells("layout", LAYOUTS) + cov.layout_cells("bias", (True, False))
               + cov.edge_cells(cov.FINITE_EDGES + (cov.SQUARE,))

@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.formats import get_format
+from tealite.recipes import Granularity
 from tealite.ops.quantize import QuantizedTensor
 from tealite_verify import coverage as cov
+from tealite_verify import recipe_rules as rules
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.tiers import quantized, ulp
@@ -24,8 +26,8 @@ from tealite_verify.tiers.fp32_div import AiterRuleOutput
 from tealite_verify.tiers.metrics import Tier
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.recipes import (AITER_RULE, FP8_SCALE_RULES, aiter_recipes,
-                                               recipe_from_json, recipes)
+from tealite_verify.strategies.recipes import (FP8_SCALE_RULES, RECIPE_KINDS, aiter_recipes,
+                                               given_scale, recipe_from_json, recipes)
 from tealite_verify.strategies.shapes import dim, row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
@@ -50,28 +52,30 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
     # rowwise and in whole MX blocks (what they accept); the rest every recipe, both scale
     # rules, every direction.
     aiter_shaped = draw(pick(False, False, True))
-    recipe = draw(aiter_recipes() if aiter_shaped else recipes(scale_rules=FP8_SCALE_RULES))
+    entry = draw(aiter_recipes() if aiter_shaped else recipes(scale_rules=FP8_SCALE_RULES))
+    recipe = recipe_from_json(entry)
     limit = _LIMITS[size]
     rowwise, columnwise = (True, False) if aiter_shaped else \
         draw(pick((True, False), (False, True), (True, True)))
     pad = False
     m, k = draw(dim(limit, allow_zero=True)), draw(dim(limit))
-    if recipe["kind"] == "mx":
+    blk = rules.row_block(recipe)
+    if blk:
         pad = False if aiter_shaped else draw(st.booleans())
         if not pad:  # the blocked dims must be whole blocks (and even for e2m1)
-            k = 32 * max(1, k // 32) if rowwise else k
-            m = 32 * max(0 if not columnwise else 1, m // 32) if columnwise else m
-    dist = draw(_distributions(recipe["fmt"], dtype))
-    return {"recipe": recipe, "dtype": dtype, "shape": [m, k], "rowwise": rowwise,
+            k = blk * max(1, k // blk) if rowwise else k
+            m = blk * max(0 if not columnwise else 1, m // blk) if columnwise else m
+    dist = draw(_distributions(recipe.fmt, dtype))
+    return {"recipe": entry, "dtype": dtype, "shape": [m, k], "rowwise": rowwise,
             "columnwise": columnwise, "pad": pad, "dist": dist, "seed": draw(seeds())}
 
 
 def make_inputs(case, device):
     x = generate(case["dist"], case["shape"], dtype_of(case["dtype"]), case["seed"], device)
     inputs = {"x": x}
-    if case["recipe"]["kind"] == "delayed":
-        inputs["scale"] = torch.tensor([case["recipe"]["scale"]], dtype=torch.float32,
-                                       device=device)
+    scale = given_scale(case["recipe"])
+    if scale is not None:
+        inputs["scale"] = torch.tensor([scale], dtype=torch.float32, device=device)
     return inputs
 
 
@@ -84,10 +88,11 @@ def call(inputs, case, backend):
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _mx_expected(x, prefix, r) -> dict:
+def _mx_expected(x, prefix, recipe, scale=None) -> dict:
     """Expected entries for one direction (x is already transposed for columnwise)."""
-    fmt, mode, er = r["fmt"], r["scale_rounding"], r["element_rounding"]
-    bits, scales = ref.mx_quantize(x, fmt, mode, er)
+    fmt, mode, er = recipe.fmt, recipe.scale_rounding.value, recipe.element_rounding.value
+    q = rules.quantize(x, recipe)
+    bits, scales = q.bits, q.scale_inv
     dname, sname = f"{prefix}data", f"{prefix}scale_inv"
     packed = ref.pack_e2m1(bits) if fmt == "e2m1" else bits
     ignoring, undefined = ref.mx_scales_nan_ignoring(x, fmt, mode)
@@ -98,29 +103,24 @@ def _mx_expected(x, prefix, r) -> dict:
                             check_pair=judge.pair_codes)}
 
 
-def _aiter_rule_expected(x, prefix, r, bits, scale_inv) -> dict:
+def _aiter_rule_expected(x, prefix, recipe, bits, scale_inv) -> dict:
     """FP8 current scaling under AITER's rule: bit-exact for a backend whose divisions are
     IEEE, the fp32_div_ulps tiers otherwise (tiers/fp32_div.py)."""
-    per_row = r["granularity"] == "row"
-    judge = AiterRuleOutput(x, r["fmt"], per_row, f"{prefix}data", f"{prefix}scale_inv", bits,
-                            scale_inv, ref.aiter_amax(x, per_row=per_row))
+    per_row = recipe.scale_granularity is Granularity.ROW
+    judge = AiterRuleOutput(x, recipe.fmt, per_row, f"{prefix}data", f"{prefix}scale_inv",
+                            bits, scale_inv, ref.aiter_amax(x, per_row=per_row))
     return {judge.data: Expected(bits, U8, Tier.EXACT, check=judge.check_codes,
                                  check_pair=judge.pair_codes),
             judge.scale_inv: Expected(scale_inv, torch.float32, Tier.EXACT,
                                       check=judge.check_scales, check_pair=judge.pair_scales)}
 
 
-def _fp8_expected(x, prefix, r) -> dict:
-    gran = {"current": None, "block": "block", "delayed": "given"}[r["kind"]]
-    gran = gran or r["granularity"]
-    rule = r.get("scale_rule", FP8_SCALE_RULES[0])
-    bits, scale_inv, _ = ref.fp8_quantize(
-        x, r["fmt"], gran, scale=r.get("scale"), force_pow2=r.get("force_pow2_scales", False),
-        amax_epsilon=r.get("amax_epsilon", 0.0), block=tuple(r["block"]) if "block" in r else None,
-        saturate=r.get("saturation", "saturate") == "saturate", scale_rule=rule)
-    if rule == AITER_RULE:
-        return _aiter_rule_expected(x, prefix, r, bits, scale_inv)
-    dname, fmt, n = f"{prefix}data", r["fmt"], x.shape[1]
+def _fp8_expected(x, prefix, recipe, scale=None) -> dict:
+    q = rules.quantize(x, recipe, scale)
+    bits, scale_inv = q.bits, q.scale_inv
+    if rules.divides_by_fmax(recipe):
+        return _aiter_rule_expected(x, prefix, recipe, bits, scale_inv)
+    dname, fmt, n = f"{prefix}data", recipe.fmt, x.shape[1]
 
     def check_codes(outs, numerics):
         return quantized.check_fp8_codes(outs, dname, fmt, n, bits)
@@ -132,23 +132,25 @@ def _fp8_expected(x, prefix, r) -> dict:
             f"{prefix}scale_inv": Expected(scale_inv, torch.float32, Tier.EXACT)}
 
 
+# The expected entries of one direction, by the tier that judges the recipe's codes.
+_EXPECTED_BY_TIER = {Tier.EXACT: _fp8_expected, Tier.E8M0_ADJUSTED: _mx_expected}
+
+
 def reference(inputs, case):
     x = inputs["x"].astype(np.float32)
-    r = case["recipe"]
+    recipe, scale = recipe_from_json(case["recipe"]), given_scale(case["recipe"])
+    expected_of = _EXPECTED_BY_TIER[rules.code_tier(recipe)]
     expected = {}
     for flag, prefix, t in ((case["rowwise"], "", x), (case["columnwise"], "columnwise_", x.T)):
         if flag:
-            t = np.ascontiguousarray(t)
-            expected.update(_mx_expected(t, prefix, r) if r["kind"] == "mx"
-                            else _fp8_expected(t, prefix, r))
-    if r.get("scale_rule") == AITER_RULE:
+            expected.update(expected_of(np.ascontiguousarray(t), prefix, recipe, scale))
+    amax = rules.reference_amax(x, recipe)
+    if rules.divides_by_fmax(recipe):
         expected["amax"] = Expected(
             None, torch.float32, Tier.ABSENT, check=lambda outs, n: quantized.check_no_amax(outs),
             check_pair=lambda ox, oy, nx, ny: quantized.check_no_amax(ox))
-    elif r["kind"] in ("delayed",) or (r["kind"] == "current" and r["granularity"] == "tensor"):
-        expected["amax"] = Expected(ref.amax(x).reshape(1), torch.float32, Tier.EXACT)
-    elif r["kind"] == "current":
-        expected["amax"] = Expected(ref.amax(x, axis=1), torch.float32, Tier.EXACT)
+    elif amax is not None:
+        expected["amax"] = Expected(amax, torch.float32, Tier.EXACT)
     return expected
 
 
@@ -161,17 +163,11 @@ def dq_cases(dtype: str | None = None, size: str = "ci"):
 def dq_make_inputs(case, device):
     """Codes and scales from the *reference* quantizer, so every backend decodes the same."""
     x = make_inputs(case, "cpu")["x"].float().numpy()
-    r = case["recipe"]
-    recipe = recipe_from_json(r)
-    if r["kind"] == "mx":
-        bits, scales = ref.mx_quantize(x, r["fmt"], r["scale_rounding"], r["element_rounding"])
-        data = torch.from_numpy(ref.pack_e2m1(bits) if r["fmt"] == "e2m1" else bits)
-        scale_inv = torch.from_numpy(scales)
-    else:
-        exp = _fp8_expected(x, "", r)
-        data = torch.from_numpy(exp["data"].value)
-        scale_inv = torch.from_numpy(np.asarray(exp["scale_inv"].value))
-    fmt = get_format(r["fmt"])
+    recipe = recipe_from_json(case["recipe"])
+    q = rules.quantize(x, recipe, given_scale(case["recipe"]))
+    fmt = get_format(recipe.fmt)
+    data = torch.from_numpy(ref.pack_e2m1(q.bits) if fmt.packed else q.bits)
+    scale_inv = torch.from_numpy(np.asarray(q.scale_inv))
     if not fmt.packed:
         data = data.view(fmt.torch_dtype)
     return {"data": data.to(device), "scale_inv": scale_inv.to(device),
@@ -185,25 +181,14 @@ def dq_call(inputs, case, backend):
 
 
 def dq_reference(inputs, case):
-    r = case["recipe"]
+    recipe = recipe_from_json(case["recipe"])
     m, k = case["shape"]
-    data = np.asarray(inputs["data"])
-    if r["kind"] == "mx":
-        # The runner hands references float64 views of the inputs: FP8 codes arrive decoded,
-        # packed e2m1 bytes and E8M0 bytes arrive as their integer values.
-        vals = ref.decode(ref.unpack_e2m1(data.astype(np.uint8), k), "e2m1") \
-            if r["fmt"] == "e2m1" else data
-        scales = np.asarray(inputs["scale_inv"]).astype(np.uint8)
-        y = vals * np.repeat(ref.e8m0_value(scales), 32, axis=-1)[:, :k]
-    else:
-        vals = np.asarray(inputs["data"], dtype=np.float64)
-        s = np.asarray(inputs["scale_inv"], dtype=np.float64)
-        if r["kind"] == "block":
-            bm, bn = r["block"]
-            s = np.repeat(np.repeat(s, bm, axis=0), bn, axis=1)[:m, :k]
-        elif r["kind"] == "current" and r["granularity"] == "row":
-            s = s[:, None]
-        y = vals * s
+    # The runner hands references float64 views of the inputs: FP8 codes arrive decoded,
+    # packed e2m1 bytes and E8M0 bytes arrive as their integer values.
+    data = np.asarray(inputs["data"], dtype=np.float64)
+    vals = ref.decode(ref.unpack_e2m1(data.astype(np.uint8), k), recipe.fmt) \
+        if get_format(recipe.fmt).packed else data
+    y = vals * rules.element_scale(np.asarray(inputs["scale_inv"]), recipe, (m, k))
     out_dt = dtype_of(case["dtype"])
     # codes x scale rounded once in fp32, then once to the output dtype.
     return {"y": Expected(y, out_dt, Tier.ULP, lambda n: ulp.elementwise_tolerance(
@@ -232,7 +217,7 @@ SMOKE = (
      "dist": {"kind": "normal", "scale": 1.0}, "seed": 9},
 )
 
-_RECIPE_CELLS = cov.recipe_cells("recipe", ("delayed", "current", "block", "mx"),
+_RECIPE_CELLS = cov.recipe_cells("recipe", RECIPE_KINDS,
                                   aiter_rule=True)
 register(OpSpec(name="quantize", family="quantize", cases=cases, make_inputs=make_inputs,
                 call=call, reference=reference, smoke_cases=SMOKE,

@@ -4,7 +4,7 @@ Each is the torch backend with one small bug, declared ``like="torch"`` (the sam
 numerics as torch), so any error beyond torch's own is the bug.  With zero-mean data at
 K = 4096 the deterministic bound gamma_K |A||B| is ~20 fp16 output ulps wide; these bugs are
 one ulp or a few fp32 ulps of |A||B| and are what the opt-in probabilistic check
-(tealite_verify/tolerance_prob.py) is for.  tests/test_tolerance_prob.py registers them under
+(tealite_verify/tiers/probabilistic.py) is for.  tests/test_tolerance_prob.py registers them under
 unique names; ``prob_mutants_plugin`` registers them all for ``fuzz`` / ``run``
 (TEALITE_BACKEND_MODULES=prob_mutants_plugin with tests/external on PYTHONPATH).
 
