@@ -35,7 +35,7 @@ quantization of x.T, stored transposed as (K, M) (a cast-transpose).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from tealite.formats import (FP8_FORMATS, ElementRounding, FP8ScaleRule, Saturation,
@@ -72,11 +72,10 @@ class _Json:
 
     The form is ``{"kind": KIND, field: value, ...}`` with enums as their values and tuples as
     lists.  ``_OPTIONAL`` names the fields a stored form may leave out (read as their
-    defaults, as the harness always has); ``_OMIT`` those a fresh recipe leaves out while at
+    defaults, as the harness always has); ``_OMIT`` those ``to_json`` leaves out while at
     their default (so a TE-rule current recipe has no "scale_rule", as before the rule
-    existed).  A recipe read from JSON remembers which optional keys its form left out
-    (``json_omits``, outside equality), so re-serializing a stored case gives it back
-    unchanged: finding ids and repro commands are built from the case's JSON."""
+    existed).  A stored case is never re-serialized: its JSON is the case (finding ids and
+    repro commands are built from it), and ``to_json`` is only the form of a new draw."""
 
     kind: ClassVar[str]
     _OPTIONAL: ClassVar[tuple[str, ...]] = ()
@@ -89,24 +88,18 @@ class _Json:
         "/" (stored findings are named so: keep them stable)."""
         raise NotImplementedError
 
-    def _init_json_omits(self):
-        if self.json_omits is None:
-            object.__setattr__(self, "json_omits", frozenset(self._OMIT))
-
     def to_json(self) -> dict:
         out = {"kind": self.kind}
         for f in fields(self):
-            if f.name == "json_omits":
-                continue
             value = getattr(self, f.name)
-            if f.name in self.json_omits and value == f.default:
+            if f.name in self._OMIT and value == f.default:
                 continue
             out[f.name] = _json_value(value)
         return out
 
     @classmethod
     def from_json(cls, d: dict):
-        names = [f.name for f in fields(cls) if f.name != "json_omits"]
+        names = [f.name for f in fields(cls)]
         if d.get("kind") != cls.kind:
             raise ValueError(f"{cls.__name__}.from_json: kind must be {cls.kind!r}, "
                              f"got {d.get('kind')!r}")
@@ -118,15 +111,12 @@ class _Json:
         if missing:
             raise ValueError(f"{cls.__name__}.from_json: missing keys {missing} in {d!r}")
         kw = {n: cls._FROM_JSON.get(n, _same)(d[n]) for n in names if n in d}
-        return cls(**kw, json_omits=frozenset(n for n in cls._OPTIONAL if n not in d))
+        return cls(**kw)
 
 
 def _same(v):
     return v
 
-
-def _omits_field():
-    return field(default=None, compare=False, repr=False, kw_only=True)
 
 
 _SATURATIONS = tuple(Saturation)
@@ -142,7 +132,6 @@ class Float8CurrentScaling(_Json):
     amax_epsilon: float = 0.0
     saturation: Saturation = Saturation.SATURATE
     scale_rule: FP8ScaleRule = FP8ScaleRule.FMAX_OVER_AMAX  # AITER's kernels: AMAX_OVER_FMAX
-    json_omits: frozenset = _omits_field()
     kind = "current"
     family = Family.FP8
     scale_given = False  # the scale comes from this tensor's amax
@@ -152,7 +141,6 @@ class Float8CurrentScaling(_Json):
     _FROM_JSON = {"saturation": Saturation, "scale_rule": FP8ScaleRule}
 
     def __post_init__(self):
-        self._init_json_omits()
         _check_fp8(self.fmt)
         object.__setattr__(self, "saturation", Saturation(self.saturation))
         if self.granularity not in ("tensor", "row"):
@@ -210,7 +198,6 @@ class Float8BlockScaling(_Json):
     force_pow2_scales: bool = True
     amax_epsilon: float = 0.0
     saturation: Saturation = Saturation.SATURATE
-    json_omits: frozenset = _omits_field()
     kind = "block"
     family = Family.FP8
     scale_granularity = Granularity.BLOCK
@@ -222,7 +209,6 @@ class Float8BlockScaling(_Json):
     _FROM_JSON = {"saturation": Saturation, "block": tuple}
 
     def __post_init__(self):
-        self._init_json_omits()
         _check_fp8(self.fmt)
         object.__setattr__(self, "saturation", Saturation(self.saturation))
         if tuple(self.block) not in ((1, 128), (128, 128)):
@@ -253,7 +239,6 @@ class DelayedScaling(_Json):
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"  # "max" | "most_recent"
     saturation: Saturation = Saturation.SATURATE
-    json_omits: frozenset = _omits_field()
     kind = "delayed"
     family = Family.FP8
     scale_granularity = Granularity.TENSOR
@@ -266,7 +251,6 @@ class DelayedScaling(_Json):
     _FROM_JSON = {"saturation": Saturation}
 
     def __post_init__(self):
-        self._init_json_omits()
         _check_fp8(self.fmt)
         object.__setattr__(self, "saturation", Saturation(self.saturation))
         if self.amax_compute_algo not in ("max", "most_recent"):
@@ -296,7 +280,6 @@ class MXBlockScaling(_Json):
     scale_rounding: ScaleRounding = ScaleRounding.RCEIL
     element_rounding: ElementRounding = ElementRounding.RNE
     block: int = 32
-    json_omits: frozenset = _omits_field()
     kind = "mx"
     family = Family.MX
     scale_granularity = Granularity.MX_BLOCK
@@ -310,7 +293,6 @@ class MXBlockScaling(_Json):
     _FROM_JSON = {"scale_rounding": ScaleRounding, "element_rounding": ElementRounding}
 
     def __post_init__(self):
-        self._init_json_omits()
         get_format(self.fmt)
         object.__setattr__(self, "scale_rounding", ScaleRounding(self.scale_rounding))
         object.__setattr__(self, "element_rounding", ElementRounding(self.element_rounding))

@@ -178,7 +178,7 @@ def test_reference_outputs_pass_the_tier_bit_exactly_at_zero_bound(name):
     fmt = get_format(r["fmt"])
     for y, q in runs:
         assert q["bits"].shape == fref.as_rows(y).shape
-        judge = TFU.FusedQuantJudge(fref.as_rows(y), lambda n: 0.0, r, scale)
+        judge = TFU.FusedQuantJudge(fref.as_rows(y), lambda n: 0.0, recipe_from_json(r), scale)
         outs = {"data": torch.from_numpy(q["bits"]).view(fmt.torch_dtype),
                 "scale_inv": torch.from_numpy(q["scale_inv"])}
         if q["amax"] is not None:
@@ -192,7 +192,7 @@ def _judge_outputs(y32, recipe, scale=None):
     st = None if scale is None else torch.tensor([scale])
     q = TQB.quantize(torch.from_numpy(y32), r, rowwise=True, columnwise=False, scale=st)
     outs = {"data": q.data, "scale_inv": q.scale_inv, "amax": q.amax}
-    judge = TFU.FusedQuantJudge(y32.astype(np.float64), lambda n: 0.0, recipe,
+    judge = TFU.FusedQuantJudge(y32.astype(np.float64), lambda n: 0.0, r,
                                 None if scale is None else np.array([scale], np.float32))
     return judge, {k: v for k, v in outs.items() if v is not None}
 

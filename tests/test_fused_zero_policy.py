@@ -248,7 +248,7 @@ def test_aiter_zero_row_policy_where_the_amax_is_within_its_bound(zero_as_one):
     numerics = Numerics(scale_inv_zero_as_one=zero_as_one)
     y_ref = np.array([[3e-37, -2e-37], [2.0, -1.0]])
     e = np.array([[1e-35, 1e-35], [1e-7, 1e-7]])
-    judge = TFU.FusedQuantJudge(y_ref, lambda n: e, AITER_ROW)
+    judge = TFU.FusedQuantJudge(y_ref, lambda n: e, recipe_from_json(AITER_ROW))
     for row0 in (np.zeros(2), y_ref[0]):
         y32 = np.stack([row0, y_ref[1]]).astype(np.float32)
         outs = _aiter_outputs(y32, zero_as_one and not row0.any())

@@ -1,6 +1,6 @@
-"""Recipes' JSON forms: every recipe round-trips with every field value, every stored case's
-recipe entry reads as the pre-issue-14 reader read it and re-serializes unchanged, and the
-strategies draw exactly those forms."""
+"""Recipes' JSON forms: every recipe round-trips with every field value; every stored case's
+recipe entry reads as the pre-issue-14 reader read it, and its canonical form keeps every stored
+key and value (adding only optional fields at their defaults); the strategies draw those forms."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +30,7 @@ EXTRA_VALUES = {"margin": (0, 3), "amax_history_len": (1, 1024),
 def _every_recipe():
     """Every combination of every declared field value (plus EXTRA_VALUES' fields)."""
     for cls in R.RECIPES:
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "json_omits"]
+        names = [f.name for f in dataclasses.fields(cls)]
         for domain in cls.domains():
             values = dict(domain, **{k: v for k, v in EXTRA_VALUES.items() if k in names})
             keys = list(values)
@@ -88,13 +88,16 @@ def _load(path: Path):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def test_every_stored_recipe_entry_reads_as_before_and_serializes_back_unchanged():
+def test_every_stored_recipe_entry_reads_as_before_and_keeps_its_values():
     forms = set()
     for path in STORED:
         for d in _entries(_load(path)):
             recipe = recipe_from_json(d)
             assert recipe == _legacy_recipe_from_json(d), (path.name, d)
-            assert recipe_entry(recipe, given_scale(d)) == d, (path.name, d)
+            canonical = recipe_entry(recipe, given_scale(d))
+            assert {k: canonical.get(k) for k in d} == d, (path.name, d)
+            assert set(canonical) - set(d) <= set(type(recipe)._OPTIONAL), (path.name, d)
+            assert recipe_from_json(canonical) == recipe
             forms.add((d["kind"], tuple(sorted(d))))
     # The legacy forms are all there: no saturation, no scale_rule, AITER's rule.
     assert ("current", ("amax_epsilon", "fmt", "force_pow2_scales", "granularity",
@@ -130,15 +133,17 @@ def test_bad_json_is_refused_with_the_constraint_named(d, match):
         R.from_json(d)
 
 
-def test_omitted_keys_are_remembered_outside_equality():
+def test_optional_keys_read_as_their_defaults_and_the_form_is_canonical():
     full = R.Float8CurrentScaling("e4m3", "row").to_json()
     sparse = {k: v for k, v in full.items() if k != "saturation"}
     a, b = R.from_json(full), R.from_json(sparse)
     assert a == b and hash(a) == hash(b)
-    assert a.to_json() == full and b.to_json() == sparse
-    # A stated TE rule stays stated; a fresh recipe leaves it out (its historical form).
+    assert a.to_json() == b.to_json() == full  # one canonical form
+    # TE's rule at its default is left out (its historical form); a stated one reads the same.
     stated = dict(full, scale_rule="fmax/amax")
-    assert R.from_json(stated).to_json() == stated and "scale_rule" not in full
+    assert "scale_rule" not in full and R.from_json(stated).to_json() == full
+    aiter = dict(full, scale_rule="amax/fmax")
+    assert R.from_json(aiter).to_json() == aiter
 
 
 def _factory(role):

@@ -122,10 +122,9 @@ def quantized_expected(y_expected, entry: dict, scale, *, amax_required: bool = 
     def bound(numerics):
         return fref.as_rows(np.broadcast_to(y_expected.bound(numerics), y.shape))
 
-    # The code-interval tier (tiers/code_interval.py) still reads the recipe's JSON entry.
-    judge = FusedQuantJudge(rows, bound, entry, scale, amax_required=amax_required)
     recipe = recipe_from_json(entry)
     given = scale if scale is not None or not recipe.scale_given else given_scale(entry)
+    judge = FusedQuantJudge(rows, bound, recipe, scale, amax_required=amax_required)
     return _judged_expected(judge, recipe,
                             rules.quantize(fref.round_to_f32(rows), recipe, given))
 

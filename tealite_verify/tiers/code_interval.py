@@ -81,6 +81,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tealite.formats import FP8ScaleRule, Saturation
+from tealite.recipes import Family
 from tealite_verify.references import fused as fref
 from tealite_verify.references import quantize as qref
 from tealite_verify.tiers import quantized
@@ -145,14 +147,10 @@ def check_amax(actual, a_lo, a_hi, central) -> Metrics:
                              excused=int((ok & ~nan_ref & (a != c)).sum()))
 
 
-def row_scale(amax, recipe: dict) -> np.ndarray:
+def row_scale(amax, recipe) -> np.ndarray:
     """TE's per-row scale (float32) for the given row amaxes."""
-    return qref.te_scale_from_amax(amax, recipe["fmt"],
-                                   force_pow2=recipe.get("force_pow2_scales", False),
-                                   amax_epsilon=recipe.get("amax_epsilon", 0.0))
-
-
-AITER_RULE = "amax/fmax"
+    return qref.te_scale_from_amax(amax, recipe.fmt, force_pow2=recipe.force_pow2_scales,
+                                   amax_epsilon=recipe.amax_epsilon)
 
 
 def _ulps(numerics) -> int:
@@ -345,20 +343,22 @@ class FusedQuantJudge:
     """Judges one backend's (data, scale_inv, amax) for a fused recipe, given y_ref (rows, N)
     and ``bound(numerics)``: the per-element e for that backend's declared numerics."""
 
-    def __init__(self, y_ref, bound, recipe: dict, scale=None, *, amax_required: bool = True):
+    def __init__(self, y_ref, bound, recipe, scale=None, *, amax_required: bool = True):
+        """``recipe``: a ``tealite.recipes`` recipe (its typed facts choose the checks);
+        ``scale``: the given scale of a recipe whose scale is an input."""
         self.y = np.asarray(y_ref, np.float64)
         self.bound = bound
         self.recipe = recipe
         self.scale = None if scale is None else np.asarray(scale, F32).reshape(1)
         self.y_mid = fref.round_to_f32(self.y)
         self.amax_required = amax_required
-        self.aiter_rule = recipe["kind"] == "current" and \
-            recipe.get("scale_rule", fref.TE_RULE) == AITER_RULE
+        self.mx = recipe.family is Family.MX
+        self.aiter_rule = not self.mx and recipe.scale_rule is FP8ScaleRule.AMAX_OVER_FMAX
         self._cache: dict = {}
 
     def tiers(self) -> dict[str, Tier]:
         """The tier of each output this recipe has (an MX recipe reports no amax)."""
-        mx = self.recipe["kind"] == "mx"
+        mx = self.mx
         out = {"data": Tier.CODE_INTERVAL,
                "scale_inv": Tier.E8M0_INTERVAL if mx else
                Tier.SCALE_INTERVAL if self.aiter_rule else Tier.EXACT}
@@ -389,21 +389,21 @@ class FusedQuantJudge:
     def _amax_interval(self, numerics):
         _, _, a_lo, a_hi = self.intervals(numerics)
         _, m_hi = abs_interval(self.y_mid, self.y_mid)
-        if self.recipe["kind"] == "delayed":
+        if self.recipe.scale_given:
             return _max(a_lo).reshape(1), _max(a_hi).reshape(1), _max(m_hi).reshape(1)
         return _max(a_lo, 1), _max(a_hi, 1), _max(m_hi, 1)
 
     def _codes(self, outputs):
         """Code bits (rows, N), unpacked for e2m1, or the reason they are malformed."""
         rows, n = self.y.shape
-        return quantized.code_bits(outputs, "data", self.recipe["fmt"], n, rows=rows,
+        return quantized.code_bits(outputs, "data", self.recipe.fmt, n, rows=rows,
                                    context=f" (y {self.y.shape})")
 
     def _recips(self, outputs, numerics):
         """(r_lo, r_hi): the fp32 multipliers the backend's codes were made with, per element
         (equal unless a declared approximate division widens them), or a reason."""
         rows = self.y.shape
-        if self.recipe["kind"] == "delayed":
+        if self.recipe.scale_given:
             if numerics.given_scale_as_scale_inv:
                 r_lo, r_hi = recip_range(qref.reciprocal(self.scale), numerics)
             else:
@@ -443,38 +443,38 @@ class FusedQuantJudge:
             return malformed(bits)
         lo, hi, _, _ = self.intervals(numerics)
         r = self.recipe
-        if r["kind"] == "mx":
+        if self.mx:
             scales = self._mx_scales(outputs, numerics)
             if isinstance(scales, str):
                 return malformed(scales)
             if scales.shape != (self.y.shape[0], -(-self.y.shape[1] // 32)):
                 return malformed(f"scale_inv shape {scales.shape} does not fit data "
                                  f"{self.y.shape}")
-            return check_mx_codes(bits, scales, lo, hi, self.y_mid, r["fmt"],
-                                  r["element_rounding"])
+            return check_mx_codes(bits, scales, lo, hi, self.y_mid, r.fmt,
+                                  r.element_rounding.value)
         recips = self._recips(outputs, numerics)
         if isinstance(recips, str):
             return malformed(recips)
-        return check_fp8_codes_scaled_by(bits, lo, hi, self.y_mid, *recips, r["fmt"],
-                                         r.get("saturation", "saturate") == "saturate")
+        return check_fp8_codes_scaled_by(bits, lo, hi, self.y_mid, *recips, r.fmt,
+                                         r.saturation is Saturation.SATURATE)
 
     def check_scale_inv(self, outputs, numerics) -> Metrics:
         r = self.recipe
-        if r["kind"] == "mx":
+        if self.mx:
             scales = self._mx_scales(outputs, numerics)
             if isinstance(scales, str):
                 return malformed(scales)
             _, _, a_lo, a_hi = self.intervals(numerics)
             _, m_hi = abs_interval(self.y_mid, self.y_mid)
             blocks = [mx_block_amax(v) for v in (a_lo, a_hi, m_hi)]
-            return check_mx_scales(scales, *blocks, r["fmt"], r["scale_rounding"])
+            return check_mx_scales(scales, *blocks, r.fmt, r.scale_rounding.value)
         sinv = quantized.array_of(outputs, "scale_inv", torch.float32)
         if isinstance(sinv, str):
             return malformed(sinv)
-        if r["kind"] == "delayed":
+        if r.scale_given:
             return check_scale_inv(sinv, self.scale)
         if self.aiter_rule:
-            return check_aiter_scale_inv(sinv, *self._amax_interval(numerics), r["fmt"],
+            return check_aiter_scale_inv(sinv, *self._amax_interval(numerics), r.fmt,
                                          numerics)
         amax = quantized.array_of(outputs, "amax", torch.float32)
         if isinstance(amax, str):
