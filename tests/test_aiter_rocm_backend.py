@@ -324,14 +324,14 @@ def test_seeded_ignored_row_scales_are_caught(install, monkeypatch):
 
 def test_seeded_unshuffled_e8m0_scales_are_caught(install, monkeypatch):
     install(make_fake())
-    real = aq.layouts.shuffle_e8m0_scales
+    real = aq.permute_e8m0_scales
 
-    def no_swizzle(s, backend=None):  # padded to the right shape, but not permuted
-        out = torch.zeros(real(s, backend=backend).shape, dtype=torch.uint8)
+    def no_swizzle(s):  # padded to the right shape, but not permuted
+        out = torch.zeros(real(s).shape, dtype=torch.uint8)
         out[: s.shape[0], : s.shape[1]] = s
         return out
 
-    monkeypatch.setattr(aq.layouts, "shuffle_e8m0_scales", no_swizzle)
+    monkeypatch.setattr(aq, "permute_e8m0_scales", no_swizzle)
     _fails("qgemm", QGEMM_CASES[5][0])
 
 

@@ -29,13 +29,10 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import registry
+import tealite.registry as registry
 from tealite._checks import check_choice, check_same_device, check_shape, check_tensor, require
-
-POINTWISE = ("gelu", "gelu_tanh", "relu", "silu", "qgelu", "srelu")
-GATED = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu",
-         "sreglu": "srelu"}
-KINDS = POINTWISE + tuple(GATED)
+from tealite.types import ACTIVATION_KINDS as KINDS
+from tealite.types import GATED, POINTWISE
 
 
 class DbiasDact(NamedTuple):

@@ -46,12 +46,12 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import recipes as R
-from tealite import registry
+import tealite.recipes as R
+import tealite.registry as registry
 from tealite._checks import check_finite_number, check_shape, check_tensor, require
 from tealite.ops import activations as _acts
 from tealite.ops import norms as _norms
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import QuantizedTensor
 
 FUSED_RECIPES = (R.DelayedScaling, R.Float8CurrentScaling, R.MXBlockScaling)
 

@@ -30,25 +30,15 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import registry
+import tealite.registry as registry
 from tealite._checks import (FLOAT_DTYPES, check_choice, check_dtype_in, check_finite_number,
                              check_same_device, check_shape, check_tensor, require)
-
-LAYOUTS = ("TN", "NN", "NT", "TT")
+from tealite.types import LAYOUTS, gemm_dims  # noqa: F401  (re-exported)
 
 
 class GemmOutput(NamedTuple):
     out: torch.Tensor
     pre_gelu: torch.Tensor | None
-
-
-def gemm_dims(a_shape, b_shape, layout: str) -> tuple[int, int, int, int]:
-    """Return (M, N, K_from_A, K_from_B) for stored shapes under ``layout``."""
-    a_rows, a_cols = a_shape
-    b_rows, b_cols = b_shape
-    n, k_a = (a_rows, a_cols) if layout[0] == "T" else (a_cols, a_rows)
-    m, k_b = (b_rows, b_cols) if layout[1] == "N" else (b_cols, b_rows)
-    return m, n, k_a, k_b
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import registry
+import tealite.registry as registry
 from tealite._checks import (check_finite_number, check_same_device, check_shape,
                              check_tensor, require)
 

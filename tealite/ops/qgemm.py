@@ -23,12 +23,11 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import recipes as R
-from tealite import registry
+import tealite.recipes as R
+import tealite.registry as registry
 from tealite._checks import FLOAT_DTYPES, check_choice, check_dtype_in, check_shape, \
     check_tensor, require
-from tealite.ops.gemm import LAYOUTS
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import LAYOUTS, QuantizedTensor
 
 
 class QGemmOutput(NamedTuple):

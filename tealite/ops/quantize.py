@@ -30,25 +30,13 @@ columnwise data (shape (K, M)) with ``columnwise=True``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from tealite import recipes as R
-from tealite import registry
+import tealite.recipes as R
+import tealite.registry as registry
 from tealite._checks import FLOAT_DTYPES, check_dtype_in, check_shape, check_tensor, require
 from tealite.formats import get_format
-
-
-@dataclass
-class QuantizedTensor:
-    recipe: object
-    shape: tuple
-    data: torch.Tensor | None = None
-    scale_inv: torch.Tensor | None = None
-    columnwise_data: torch.Tensor | None = None
-    columnwise_scale_inv: torch.Tensor | None = None
-    amax: torch.Tensor | None = None
+from tealite.types import QuantizedTensor  # noqa: F401  (re-exported)
 
 
 RECIPE_TYPES = (R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,

@@ -210,7 +210,9 @@ BACKEND_BPRESHUFFLE = register_backend(Backend(
     description="AITER on ROCm with pre-shuffled weights (the *_bpreshuffle CK GEMMs; never "
                 "run on AMD hardware yet)"))
 
-# Every family module registers its implementations and declares its contracts on import.
+# Every family module registers its implementations on BACKEND when imported.  They are
+# imported by name, as the registry imports the backends: the package never imports its
+# families statically, so they may import it (BACKEND, platform facts) without a circle.
 FAMILIES = ("activations", "fused", "norms", "qgemm", "quantize")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")

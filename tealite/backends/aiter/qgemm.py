@@ -21,9 +21,9 @@ Adapter steps (each from the C++ that reads the argument, csrc/ck_gemm_*):
   reads it column-major (gridwise_gemm_xdl_cshuffle_v3_multi_d_blockscale_b_preshuffle.hpp:
   a_scale strides (1, M)), so it gets ``x_scale.T.contiguous().view(M, K/128)``;
   ``w_scale (N/128, K/128)`` row-major for both;
-* shuffled weights: :func:`tealite.ops.layouts.shuffle_weight` with layout (16, 16)
-  (fp8: tiles of 16 rows x 16 bytes; FP4 shuffled as bytes);
-* ``gemm_a4w4``: scales through :func:`tealite.ops.layouts.shuffle_e8m0_scales` (padding
+* shuffled weights: :func:`tealite.types.permute_weight_tiles` (``shuffle_weight``) with
+  layout (16, 16) (fp8: tiles of 16 rows x 16 bytes; FP4 shuffled as bytes);
+* ``gemm_a4w4``: scales through :func:`tealite.types.permute_e8m0_scales` (padding
   zero-filled), A's rows zero-padded to a multiple of 32 (its ASM path asserts the output has
   such rows; zero codes add nothing) and the output sliced back: ``meta["padded"]`` says so.
 """
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, BACKEND_BPRESHUFFLE, common_why_not, runtime
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
-from tealite.ops import layouts
+from tealite.types import permute_e8m0_scales, permute_weight_tiles
 
 _OUT = (torch.bfloat16, torch.float16)
 _SHUFFLE = (16, 16)
@@ -122,7 +122,7 @@ def _per_row_scales(scales: torch.Tensor, recipe, rows: int) -> torch.Tensor:
 
 
 def _shuffle_weight(w: torch.Tensor) -> torch.Tensor:
-    return layouts.shuffle_weight(w.contiguous(), _SHUFFLE, backend="torch")
+    return permute_weight_tiles(w.contiguous(), _SHUFFLE, inverse=False)
 
 
 def _x_block_scales_transposed(x_scale: torch.Tensor) -> torch.Tensor:
@@ -175,8 +175,8 @@ def _a4w4(fn, rt, a_codes, a_scales, b_codes, b_scales, m, n, out_dtype, meta):
     fp4, e8m0 = rt.dtype("fp4x2"), rt.dtype("fp8_e8m0")
     a = _pad_rows(b_codes.view(torch.uint8), m_pad).view(fp4)
     b = _shuffle_weight(a_codes.view(torch.uint8)).view(fp4)
-    a_scale = layouts.shuffle_e8m0_scales(b_scales.contiguous(), backend="torch").view(e8m0)
-    b_scale = layouts.shuffle_e8m0_scales(a_scales.contiguous(), backend="torch").view(e8m0)
+    a_scale = permute_e8m0_scales(b_scales.contiguous()).view(e8m0)
+    b_scale = permute_e8m0_scales(a_scales.contiguous()).view(e8m0)
     # Zeroed: with a tuned K split the kernels accumulate into `out` (the ASM path zeroes it
     # itself; the CK path's split-K atomics are not known to).
     out = torch.zeros((m_pad, n), dtype=out_dtype, device=b_codes.device)

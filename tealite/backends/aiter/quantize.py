@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, common_why_not, runtime
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 from tealite.formats import ElementRounding, ScaleRounding
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import QuantizedTensor
 
 _IN = (torch.float16, torch.bfloat16)  # AITER_DISPATCH_FLOATING16_TYPES
 # The tealite scale mode equal to per_1x32_f4_quant_hip's rule: none exists (module docstring).

@@ -18,6 +18,7 @@ version string; a drift they cannot adapt makes the case unsupported with a reas
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 
@@ -122,10 +123,10 @@ def why_missing(*entry_points: str) -> str | None:
         f"AITER {at.version or '(unknown version)'} lacks " + "; ".join(gone)
 
 
+# Every family module registers its implementations on BACKEND when imported.  They are
+# imported by name, as the registry imports the backends: the package never imports its
+# families statically, so they may import it (BACKEND, platform facts) without a circle.
+FAMILIES = ("fused", "gemm", "norms", "qgemm", "quantize")
 if HAVE_TRITON:
-    # Every public module of this package registers its implementations on import.
-    import importlib as _importlib
-    import pkgutil as _pkgutil
-    for _mod in _pkgutil.iter_modules(__path__):
-        if not _mod.name.startswith("_"):
-            _importlib.import_module(f"{__name__}.{_mod.name}")
+    for _family in FAMILIES:
+        importlib.import_module(f"{__name__}.{_family}")

@@ -49,13 +49,13 @@ import math
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason, rows_2d
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 RMS_DYN = "rmsnorm2d_fwd_with_dynamicquant"

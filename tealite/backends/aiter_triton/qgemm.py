@@ -21,7 +21,7 @@ installed AITER has: a missing entry point rejects the case with the loader's re
   of :data:`MXFP4_PREFERENCE` whose shape rule holds -- ``gemm_afp4wfp4_preshuffled_weight_scales``
   (N % 32 == 0, K % 256 == 0: AITER's own test conditions), ``gemm_afp4wfp4_preshuffled_scales``
   (M >= 32, K % 256 == 0), else ``gemm_afp4wfp4``.  The preshuffled layouts are produced from
-  tealite's plain operands by tealite.ops.layouts (torch backend): ``shuffle_e8m0_scales``
+  tealite's plain operands by tealite.types' permutations: ``shuffle_e8m0_scales``
   (AITER's e8m0_shuffle, padded to 256 rows x 8 columns) viewed as (rows/32, columns*32) for w
   and, when the kernel's BLOCK_SIZE_M >= 32 (its own switch), for x; ``shuffle_weight(w,
   (16, 16))`` on the packed bytes viewed as (N/16, K/2*16).
@@ -78,7 +78,7 @@ import math
 import torch
 import triton
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite._checks import require
 from tealite.errors import UnsupportedCase
 from tealite.backends.aiter.contracts import Contract, declare
@@ -91,8 +91,8 @@ from tealite.backends.aiter_triton._qgemm_configs import (
     FP4, FP4_SHUFFLED_SCALES, FP4_SHUFFLED_WEIGHT, MXFP4_PREFERENCE, _caps, _config,
     _config_args, _fp4_even_k, _ragged_k_safe, _shuffled_scales, effective_config)
 from tealite.formats import get_format
-from tealite.ops import layouts
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.types import permute_weight_tiles
 
 _OUT = (torch.float32, torch.bfloat16, torch.float16)
 # Hopper FP8 MMA: products cut toward zero at 2^(E - 13), subnormal codes aligned at the
@@ -357,7 +357,7 @@ def _e8m0(scales: torch.Tensor, rows: int, k: int, name: str) -> torch.Tensor:
 
 
 def _shuffled_weight(codes: torch.Tensor, n: int, block_n: int) -> torch.Tensor:
-    w = layouts.shuffle_weight(codes.contiguous(), (16, 16), backend="torch")
+    w = permute_weight_tiles(codes.contiguous(), (16, 16), inverse=False)
     groups = n // _WEIGHT_TILE_N
     padded = triton.cdiv(n, block_n) * block_n // _WEIGHT_TILE_N
     buf = torch.zeros((max(padded, groups), w.shape[1] * _WEIGHT_TILE_N), dtype=torch.uint8,

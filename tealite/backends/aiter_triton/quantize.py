@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.aiter.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
 from tealite.formats import ElementRounding, FP8ScaleRule, ScaleRounding
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 PER_TENSOR = "dynamic_per_tensor_quant_fp8_i8"

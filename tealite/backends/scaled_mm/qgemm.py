@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.scaled_mm import BACKEND, probes
 from tealite.numerics import FP8_CODE_ALIGNMENT
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tealite.backends.torch import BACKEND
-from tealite.ops.activations import GATED
+from tealite.types import GATED
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}

@@ -5,7 +5,7 @@ import torch
 
 from tealite.backends.torch import BACKEND
 from tealite.backends.torch.quantize import dequantize
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import QuantizedTensor
 
 _NUMERICS = {"compute_dtype": torch.float32, "operands_dequantized_to": torch.float32}
 

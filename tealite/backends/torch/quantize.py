@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.torch import BACKEND
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _F32_MANT = 23

@@ -43,7 +43,7 @@ import triton.language as tl
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton.norms import sum_partials, target_programs
-from tealite.ops.activations import GATED
+from tealite.types import GATED
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}

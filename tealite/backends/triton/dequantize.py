@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, store_f32
 from tealite.formats import get_format

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _encode_fp8_sat,
                                              _fmt_constants, _mx_descale, _mx_scale_constants,
@@ -40,8 +40,8 @@ from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.activations import act_f32
 from tealite.backends.triton.norms import effective_weight
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, get_format
-from tealite.ops.activations import GATED
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import GATED
+from tealite.types import QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite._checks import require
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
