@@ -30,6 +30,7 @@ import torch
 
 from tealite.errors import BackendUnavailable, DryRunStop, UnsupportedCase
 from tealite.numerics import Numerics
+from tealite.types import Op
 
 # The three sources of backend modules, imported in this order by load_plugins().
 IN_TREE_BACKENDS = ("tealite.backends.scaled_mm", "tealite.backends.torch",
@@ -120,9 +121,13 @@ class Backend:
     # entry point names it, for this backend to exist there (tealite_verify.runner).
     origin: str = ""
 
-    def implements(self, op: str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
+    def implements(self, op: Op | str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
                    check=None, numerics=None, like: str | None = None):
         """Decorator registering ``fn`` as this backend's implementation of ``op``.
+
+        ``op`` is a :class:`~tealite.types.Op` or its plain name; any other name is a
+        ValueError naming the valid ones (a misspelled op would otherwise register an
+        implementation nothing ever dispatches to).
 
         ``numerics`` is a :class:`~tealite.numerics.Numerics` or a mapping of its fields, or a
         callable taking the op params and returning either.
@@ -130,6 +135,8 @@ class Backend:
         implementation of ``op`` (device-dependent and probed declarations included, since
         its numerics callable is shared); give no other support or numerics argument then.
         """
+        # Stored by its plain name: Impl.op and dispatch records read as they always did.
+        op = Op.named(op, argument=f"{self.name}.implements(op)").value
         if like is not None:
             support, numerics_fn = _declared_like(op, like, dtypes=dtypes, layouts=layouts,
                                                   check=check, numerics=numerics,

@@ -33,7 +33,7 @@ import torch
 import tealite.registry as registry
 from tealite._checks import (FLOAT_DTYPES, check_choice, check_dtype_in, check_finite_number,
                              check_same_device, check_shape, check_tensor, require)
-from tealite.types import LAYOUTS, gemm_dims  # noqa: F401  (re-exported)
+from tealite.types import LAYOUTS, Op, gemm_dims  # noqa: F401  (LAYOUTS, gemm_dims re-exported)
 
 
 class GemmOutput(NamedTuple):
@@ -68,7 +68,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
     params = dict(m=m, n=n, k=k_a, layout=layout, dtype=a.dtype, out_dtype=out_dtype,
                   bias=bias is not None, gelu=gelu, alpha=alpha, beta=beta,
                   device=registry.device_kind(device))
-    impl = registry.dispatch("gemm", params, backend)
+    impl = registry.dispatch(Op.GEMM, params, backend)
     result = impl.fn(a, b, layout=layout, out_dtype=out_dtype, bias=bias, gelu=gelu, out=out,
                      alpha=alpha, beta=beta)
     return GemmOutput(*result)

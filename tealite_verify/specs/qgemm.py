@@ -11,6 +11,7 @@ import tealite
 from tealite.formats import get_format
 from tealite.ops.gemm import LAYOUTS
 from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify import tolerance, tolerance_prob
 from tealite_verify.references import qgemm as ref
@@ -235,7 +236,7 @@ _BLK = {"kind": "block", "fmt": "e4m3", "block": [128, 128], "force_pow2_scales"
         "amax_epsilon": 0.0}
 
 register(OpSpec(
-    name="qgemm", family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
+    name=Op.QGEMM, family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference,
     coverage=(cov.recipe_cells("recipe_a", ("delayed", "current", "block", "mx"))
               # b holds the activations: 1x128 blocks only (the op's contract, as TE's).
