@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tealite import registry
-from tealite.backends.aiter.contracts import contracts
+from tealite.backends.aiter_common.contracts import contracts
 from tealite.backends.aiter_triton import INTERPRET
 from tealite.ops.layouts import unshuffle_e8m0_scales
 from tealite_verify import profiles

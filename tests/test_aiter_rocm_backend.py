@@ -22,7 +22,7 @@ import tealite
 from tealite import recipes as R
 from tealite import registry
 from tealite.backends import aiter as A
-from tealite.backends.aiter import contracts
+from tealite.backends.aiter_common import contracts
 from tealite.backends.aiter import qgemm as aq
 from tealite.backends.aiter import quantize as aquant
 from tealite.backends.torch.quantize import _mx_rowwise

@@ -213,3 +213,61 @@ def test_the_registry_declares_every_in_tree_backend():
     registering = {_module_name(p.parent, ROOT) for p in (ROOT / "tealite" / "backends").glob(
         "*/__init__.py") if "register_backend(" in p.read_text()}
     assert registering and registering == set(IN_TREE_BACKENDS)
+
+
+def _backend_package(module: str) -> str | None:
+    """The in-tree backend package a module belongs to (None: not in one)."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["tealite", "backends"] and len(parts) > 2 \
+        else None
+
+
+def cross_backend_imports(graph: dict[str, set[str]], backend_packages) -> list[str]:
+    """Imports from one backend package into another (shared code lives in a package that
+    registers no backend, e.g. tealite/backends/aiter_common/)."""
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                  if _backend_package(a) in backend_packages
+                  and _backend_package(b) in backend_packages
+                  and _backend_package(a) != _backend_package(b))
+
+
+def test_no_backend_imports_another():
+    from tealite.registry import IN_TREE_BACKENDS
+    assert not cross_backend_imports(GRAPH, set(IN_TREE_BACKENDS))
+
+
+def private_backend_names(root: Path = ROOT, package: str = "tealite_verify") -> list[str]:
+    """Imports in ``package`` of a backend's private module or name (``_``-prefixed)."""
+    bad = []
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "tealite.backends"):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("tealite.backends")]
+            else:
+                continue
+            bad += [f"{_module_name(path, root)}: {n}" for n in names
+                    if any(p.startswith("_") for p in n.split("."))]
+    return sorted(set(bad))
+
+
+def test_the_harness_reaches_no_private_backend_name():
+    assert not private_backend_names()
+
+
+def test_the_backend_boundary_checks_can_fail(tmp_path):
+    (tmp_path / "tealite_verify").mkdir()
+    (tmp_path / "tealite_verify" / "a.py").write_text(
+        "from tealite.backends.aiter import _triton_loader\n"
+        "from tealite.backends.aiter_triton.quantize import _fp8_name, entry_point\n"
+        "import tealite.backends.torch.quantize\n")
+    assert private_backend_names(tmp_path) == [
+        "tealite_verify.a: tealite.backends.aiter._triton_loader",
+        "tealite_verify.a: tealite.backends.aiter_triton.quantize._fp8_name"]
+    graph = {"tealite.backends.aiter_triton": {"tealite.backends.aiter.contracts"},
+             "tealite.backends.aiter": {"tealite.backends.aiter_common.loader"}}
+    assert cross_backend_imports(graph, {"tealite.backends.aiter",
+                                         "tealite.backends.aiter_triton"}) == [
+        "tealite.backends.aiter_triton -> tealite.backends.aiter.contracts"]

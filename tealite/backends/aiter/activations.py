@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.aiter import BACKEND, common_why_not, runtime
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.types import Op
 
 ENTRY = {"swiglu": "silu_and_mul", "geglu": "gelu_and_mul"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.aiter import BACKEND, rejecting
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 from tealite.types import Op
 

@@ -33,7 +33,7 @@ import torch
 
 import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, BACKEND_BPRESHUFFLE, common_why_not, runtime
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 from tealite.types import Op, permute_e8m0_scales, permute_weight_tiles
 

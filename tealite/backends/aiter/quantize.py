@@ -28,7 +28,7 @@ import torch
 
 import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, common_why_not, runtime
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 from tealite.formats import ElementRounding, ScaleRounding
 from tealite.types import Op, QuantizedTensor

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from tealite.backends.aiter._kernel_facts import find_kernel, first_launch, masked_loads
+from tealite.backends.aiter_common.kernel_facts import find_kernel, first_launch, masked_loads
 from tealite.backends.aiter_triton import DEVICES, kernels
 from tealite.backends.aiter_triton.gemm import accepts, aiter_config, aiter_module
 from tealite.types import permute_e8m0_scales

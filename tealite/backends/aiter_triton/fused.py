@@ -50,7 +50,7 @@ import math
 import torch
 
 import tealite.recipes as R
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason, rows_2d

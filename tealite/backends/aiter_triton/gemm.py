@@ -36,7 +36,7 @@ import inspect
 
 import torch
 
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.errors import UnsupportedCase
 from tealite.types import Op

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, why_missing
 from tealite.types import Op

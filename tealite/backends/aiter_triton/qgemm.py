@@ -81,7 +81,7 @@ import triton
 import tealite.recipes as R
 from tealite._checks import require
 from tealite.errors import UnsupportedCase
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.backends.aiter_triton.gemm import (INTERPRETER_BF16_STORE, TENSOR_CORE_U, accepts,
                                                 aiter_module, config_or_reason, nvidia,

@@ -54,7 +54,7 @@ from __future__ import annotations
 import torch
 
 import tealite.recipes as R
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
 from tealite.formats import ElementRounding, FP8ScaleRule, ScaleRounding
@@ -112,7 +112,8 @@ def contracts() -> dict[str, Contract]:
     return dict(_CONTRACTS)
 
 
-def _fp8_name(at) -> str:
+def fp8_name(at) -> str:
+    """tealite's name of the E4M3 format the loaded AITER's FP8 kernels take."""
     return "e4m3fnuz" if at.fp8_dtype == torch.float8_e4m3fnuz else "e4m3"
 
 
@@ -159,7 +160,7 @@ def _why_not(params) -> str | None:
         if m == 0:
             return f"{MXFP4} cannot take M = 0 (its launch divides by next_power_of_2(M) = 0)"
         return aiter_triton.mxfp4_platform_reason()
-    fmt = _fp8_name(kernels())
+    fmt = fp8_name(kernels())
     if params["fmt"] != fmt:
         return (f"{ep} of this AITER ({kernels().arch}) writes {fmt}, not {params['fmt']} "
                 "(FNUZ on gfx942, OCP on gfx950)")
