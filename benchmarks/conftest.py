@@ -134,10 +134,10 @@ def baselines(bench_config, flusher) -> Baselines:
 @pytest.fixture(scope="session")
 def aiter():
     """AITER's Triton kernels (loaded without ROCm), or a skip naming why not."""
-    from tealite.backends.aiter import _triton_loader
+    from tealite.backends.aiter_common import loader
     try:
-        return _triton_loader.load()
-    except _triton_loader.AiterNotFound as exc:
+        return loader.load()
+    except loader.AiterNotFound as exc:
         pytest.skip(f"AITER side-by-side rows: {exc}")
 
 
@@ -266,9 +266,9 @@ def environment() -> dict:
                    memory_bytes=props.total_memory, driver=_driver_version())
     else:
         env.update(gpu=None, cpu=platform.processor() or platform.machine())
-    from tealite.backends.aiter import _triton_loader
-    env["aiter"] = [at.describe() for at in _triton_loader._loaded.values()] or None
-    env["aiter_notes"] = [n for at in _triton_loader._loaded.values() for n in at.notes]
+    from tealite.backends.aiter_common import loader
+    env["aiter"] = [at.describe() for at in loader._loaded.values()] or None
+    env["aiter_notes"] = [n for at in loader._loaded.values() for n in at.notes]
     return env
 
 

@@ -5,13 +5,15 @@ implementations each with a declared :class:`Support` (dtypes, devices, layouts,
 constraints) and declared numerics (what the harness's tolerance model may assume about how
 the kernel rounds).
 
-Backends outside this package register themselves in one of three ways (see README):
+Backends register themselves when their module is imported.  :func:`load_plugins` imports,
+in one loop, the modules named by three sources (see README):
 
-* call :func:`register_backend` from any imported module;
-* expose a module through the ``tealite.backends`` entry-point group of an installed
-  distribution (the module registers on import);
-* name modules in the ``TEALITE_BACKEND_MODULES`` environment variable
-  (comma-separated import paths), which :func:`load_plugins` imports.
+* :data:`IN_TREE_BACKENDS`: tealite's own backends (declared here by name, so the registry
+  has no static import of a backend: layers import downward only);
+* the ``tealite.backends`` entry-point group of installed distributions;
+* the ``TEALITE_BACKEND_MODULES`` environment variable (comma-separated import paths).
+
+A backend may also call :func:`register_backend` from any module imported some other way.
 """
 from __future__ import annotations
 
@@ -28,7 +30,12 @@ import torch
 
 from tealite.errors import BackendUnavailable, DryRunStop, UnsupportedCase
 from tealite.numerics import Numerics
+from tealite.types import Op
 
+# The three sources of backend modules, imported in this order by load_plugins().
+IN_TREE_BACKENDS = ("tealite.backends.scaled_mm", "tealite.backends.torch",
+                    "tealite.backends.triton", "tealite.backends.aiter",
+                    "tealite.backends.aiter_triton")
 ENTRY_POINT_GROUP = "tealite.backends"
 PLUGIN_ENV_VAR = "TEALITE_BACKEND_MODULES"
 
@@ -114,9 +121,13 @@ class Backend:
     # entry point names it, for this backend to exist there (tealite_verify.runner).
     origin: str = ""
 
-    def implements(self, op: str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
+    def implements(self, op: Op | str, *, dtypes=None, devices=("cpu", "cuda"), layouts=None,
                    check=None, numerics=None, like: str | None = None):
         """Decorator registering ``fn`` as this backend's implementation of ``op``.
+
+        ``op`` is a :class:`~tealite.types.Op` or its plain name; any other name is a
+        ValueError naming the valid ones (a misspelled op would otherwise register an
+        implementation nothing ever dispatches to).
 
         ``numerics`` is a :class:`~tealite.numerics.Numerics` or a mapping of its fields, or a
         callable taking the op params and returning either.
@@ -124,6 +135,8 @@ class Backend:
         implementation of ``op`` (device-dependent and probed declarations included, since
         its numerics callable is shared); give no other support or numerics argument then.
         """
+        # Stored by its plain name: Impl.op and dispatch records read as they always did.
+        op = Op.named(op, argument=f"{self.name}.implements(op)").value
         if like is not None:
             support, numerics_fn = _declared_like(op, like, dtypes=dtypes, layouts=layouts,
                                                   check=check, numerics=numerics,
@@ -183,32 +196,36 @@ def unregister_backend(name: str) -> None:
 
 
 def load_plugins(*, force: bool = False) -> list[str]:
-    """Import built-in backends, entry-point backends and $TEALITE_BACKEND_MODULES.
+    """Import the in-tree backends, entry-point backends and $TEALITE_BACKEND_MODULES.
 
     Returns a list of load errors (module name and exception); a broken third-party plugin
-    must not take down the whole harness, but its failure is reported, not swallowed.
+    must not take down the whole harness, but its failure is reported, not swallowed.  An
+    in-tree backend that fails to import is our bug: that error propagates.
     """
     global _plugins_loaded
     errors: list[str] = []
     if _plugins_loaded and not force:
         return errors
     _plugins_loaded = True
-    import tealite.backends  # noqa: F401  (registers the in-tree backends)
-
-    modules: list[str] = []
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        modules.append(ep.value)
-    modules += [m.strip() for m in os.environ.get(PLUGIN_ENV_VAR, "").split(",") if m.strip()]
-    for module in modules:
+    for module, in_tree in _backend_modules():
         try:
             importlib.import_module(module.split(":")[0])
         except Exception as exc:
+            if in_tree:
+                raise
             errors.append(f"{module}: {type(exc).__name__}: {exc}")
     _load_errors.extend(errors)
     return errors
 
 
 _load_errors: list[str] = []
+
+
+def _backend_modules() -> list[tuple[str, bool]]:
+    """(module, is in-tree) for every backend module to import, in-tree ones first."""
+    plugins = [ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    plugins += [m.strip() for m in os.environ.get(PLUGIN_ENV_VAR, "").split(",") if m.strip()]
+    return [(m, True) for m in IN_TREE_BACKENDS] + [(m, False) for m in plugins]
 
 
 def plugin_load_errors() -> list[str]:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tealite import recipes as R
 from tealite import registry
 from tealite.backends import aiter_triton
-from tealite.backends.aiter import contracts
+from tealite.backends.aiter_common import contracts
 from tealite.backends.aiter_triton import INTERPRET, NAME
 from tealite.backends.aiter_triton import fused as F
 from tealite.backends.torch import norms as TNORM
@@ -180,9 +180,10 @@ def at():
 
 
 @pytest.fixture
-def mxfp4_on_nvidia(monkeypatch):
+def mxfp4_on_nvidia():
     """Lift the backend's NVIDIA rejection of AITER's MXFP4 entry points (a no-op elsewhere)."""
-    monkeypatch.setattr(aiter_triton, "REJECT_MXFP4_ON_NVIDIA", False)
+    with aiter_triton.lift_platform_rejections(mxfp4_on_nvidia=True):
+        yield
 
 
 @needs_aiter
@@ -291,10 +292,10 @@ def test_a_seeded_wrong_variant_is_caught(op, c, entry, wrap, broken, at, monkey
 def test_a_missing_entry_point_is_rejected_with_its_reason(op, c, entry, at, monkeypatch,
                                                           mxfp4_on_nvidia):
     # (both rejections lifted: on NVIDIA the MXFP4 one is checked before the missing entry)
-    monkeypatch.setattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER", False)
     monkeypatch.delitem(at.functions, entry)
     monkeypatch.setitem(at.missing, entry, "ModuleNotFoundError: moved in this version (test)")
-    outcome = report(op, c, [NAME]).outcomes[NAME]
+    with aiter_triton.lift_platform_rejections(fp8_in_interpreter=True):
+        outcome = report(op, c, [NAME]).outcomes[NAME]
     assert outcome.status == "unsupported"
     assert f"lacks {entry}" in outcome.reason and "moved in this version" in outcome.reason
 
@@ -400,8 +401,8 @@ def test_fp8_entry_points_fail_only_under_the_interpreter(op, c, entry, monkeypa
     """The FP8 entry points with the interpreter rejection lifted: they fail in the
     interpreter (strict xfail: if it gets fixed this XPASSes and the rejection must go) and
     pass on a GPU."""
-    monkeypatch.setattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER", False)
-    rep = report(op, c, ["torch", NAME])
+    with aiter_triton.lift_platform_rejections(fp8_in_interpreter=True):
+        rep = report(op, c, ["torch", NAME])
     assert rep.outcomes[NAME].status == "ok", rep.describe()
     assert rep.outcomes[NAME].numerics.entry_point == entry
     assert rep.verdict == "pass", rep.describe()

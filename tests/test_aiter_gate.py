@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tealite.backends.aiter import _triton_loader as L
+from tealite.backends.aiter_common import loader as L
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "ci" / "baselines" / "aiter-gate-cpu-interpreter.json"

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 
 import tealite
 from tealite import registry
-from tealite.backends.aiter.contracts import contracts
+from tealite.backends.aiter_common.contracts import contracts
 from tealite.backends.aiter_triton import INTERPRET
 from tealite.errors import UnsupportedCase
 from tealite_verify import profiles

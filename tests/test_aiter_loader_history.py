@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tealite.backends.aiter import _loader_candidates as C
-from tealite.backends.aiter import _triton_loader as L
+from tealite.backends.aiter_common import _loader_candidates as C
+from tealite.backends.aiter_common import loader as L
 
 REASON = L.why_unavailable()
 CACHE = os.environ.get("TEALITE_AITER_CACHE")
@@ -32,7 +32,7 @@ CACHE_SKIP = "set TEALITE_AITER_CACHE to a directory of ci/aiter_source.sh expor
 # Runs in a fresh interpreter: load one tree, print what the loader reports as JSON.
 _LOAD = textwrap.dedent("""
     import json, sys
-    from tealite.backends.aiter import _triton_loader as L
+    from tealite.backends.aiter_common import loader as L
     at = L.load(sys.argv[1])
     print(json.dumps({"version": at.version, "functions": sorted(at.functions),
                       "locations": at.locations, "signatures": at.signatures,
@@ -186,7 +186,7 @@ def test_optional_keywords_are_passed_only_where_the_wrapper_takes_them():
 
 
 def test_scale_load_masks_are_read_from_the_kernel_source():
-    from tealite.backends.aiter import _kernel_facts as K
+    from tealite.backends.aiter_common import kernel_facts as K
 
     def kernel_src():  # stands for a Triton kernel body (only its source is read)
         a = tl.load(a_scale_ptrs)  # noqa: F821

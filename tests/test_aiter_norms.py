@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from tealite import registry
-from tealite.backends.aiter import contracts
+from tealite.backends.aiter_common import contracts
 from tealite.backends.aiter_triton import INTERPRET, NAME
 from tealite.backends.aiter_triton import norms as N
 from tealite_verify.runner import run_case

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tealite import registry
-from tealite.backends.aiter.contracts import contracts
+from tealite.backends.aiter_common.contracts import contracts
 from tealite.backends.aiter_triton import INTERPRET
+from tealite.ops.layouts import unshuffle_e8m0_scales
 from tealite_verify import profiles
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
@@ -251,9 +252,8 @@ def _nibbles_swapped(fn):  # fp4: odd / even element order of the packed bytes r
 
 def _scales_unshuffled(fn):  # preshuffled: AITER handed plain (padded) scales instead
     def wrong(x, w, xs, ws, **kw):
-        plain = Q.layouts.unshuffle_e8m0_scales(ws.reshape(-1, ws.shape[1] // 32),
-                                                ws.shape[0] * 32, ws.shape[1] // 32,
-                                                backend="torch")
+        plain = unshuffle_e8m0_scales(ws.reshape(-1, ws.shape[1] // 32),
+                                      ws.shape[0] * 32, ws.shape[1] // 32, backend="torch")
         return fn(x, w, xs, plain.reshape(ws.shape), **kw)
     return wrong
 

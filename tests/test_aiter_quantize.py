@@ -41,8 +41,8 @@ from tealite.numerics import Numerics
 
 import tealite
 from tealite import recipes as R
-from tealite.backends.aiter import _triton_loader as L
-from tealite.backends.aiter import contracts as C
+from tealite.backends.aiter_common import loader as L
+from tealite.backends.aiter_common import contracts as C
 from tealite.errors import UnsupportedCase
 from tealite.formats import ElementRounding, FP8ScaleRule, ScaleRounding
 from tealite_verify.tiers import e8m0_adjusted as TQ
@@ -82,10 +82,11 @@ def nvidia_xfail(reason: str):
 
 
 @pytest.fixture
-def mxfp4_on_nvidia(monkeypatch):
+def mxfp4_on_nvidia():
     """Lift the backend's NVIDIA rejection of the MXFP4 quantizer (a no-op elsewhere), so the
     tests below run AITER's kernel on every target."""
-    monkeypatch.setattr(aiter_triton, "REJECT_MXFP4_ON_NVIDIA", False)
+    with aiter_triton.lift_platform_rejections(mxfp4_on_nvidia=True):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +211,7 @@ def test_missing_entry_point_is_rejected_with_the_loaders_reason(monkeypatch, de
     at = kernels()
     monkeypatch.delitem(at.functions, ep)
     monkeypatch.setitem(at.missing, ep, "aiter.ops.triton.quant: AttributeError: moved")
-    recipe = R.Float8CurrentScaling(AQ._fp8_name(at), "row", scale_rule=AITER) \
+    recipe = R.Float8CurrentScaling(AQ.fp8_name(at), "row", scale_rule=AITER) \
         if isinstance(recipe, R.Float8CurrentScaling) else recipe
     want = f"lacks {ep}: aiter.ops.triton.quant: AttributeError: moved"
     _rejected(torch.randn(4, 64, device=device), recipe, want)
@@ -378,6 +379,22 @@ def test_wrapped_mxfp4_outputs_are_caught(monkeypatch, mxfp4_on_nvidia, device, 
     _assert_caught(_run(MX_CASES[0], device))
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's FP8 rejection")
+def test_lifting_a_platform_rejection_is_scoped_to_its_block():
+    """A lifted rejection holds inside its block only, and lifting one keeps the others as
+    they are (a test or a gate probe cannot leak it into later cases)."""
+    cast = aiter_triton.INTERPRETER_FP8_CAST
+    assert aiter_triton.fp8_platform_reason() == cast
+    with aiter_triton.lift_platform_rejections(mxfp4_on_nvidia=True):
+        with aiter_triton.lift_platform_rejections(fp8_in_interpreter=True):
+            assert aiter_triton.fp8_platform_reason() is None
+            with aiter_triton.lift_platform_rejections(mxfp4_on_nvidia=True):
+                assert aiter_triton.fp8_platform_reason() is None
+        assert aiter_triton.fp8_platform_reason() == cast
+    assert aiter_triton.fp8_platform_reason() == cast
+    assert not hasattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER")  # no global to patch
+
+
 # ---- MXFP4 on NVIDIA: rejected, and why -------------------------------------------------------
 
 NVIDIA_ONLY = "NVIDIA only (AITER's MXFP4 quantizer is right in the interpreter and on AMD)"
@@ -437,8 +454,9 @@ def test_nvidia_expectations_follow_from_the_inputs():
 # ==== FP8: the interpreter's cast, and the entry points =========================================
 
 @pytest.fixture
-def fp8_in_interpreter(monkeypatch):
-    monkeypatch.setattr(aiter_triton, "REJECT_FP8_IN_INTERPRETER", False)
+def fp8_in_interpreter():
+    with aiter_triton.lift_platform_rejections(fp8_in_interpreter=True):
+        yield
 
 
 @functools.lru_cache(maxsize=None)
@@ -498,7 +516,7 @@ def _fp8_inputs(gran: str):
 def _model_mismatches(x: torch.Tensor, gran: str, q) -> int:
     """Elements where AITER's codes differ from the interpreter's own cast of the reference's
     exact pre-cast fp32 values; scale_inv must be bit-exact (the interpreter divides exactly)."""
-    fmt = AQ._fp8_name(kernels())
+    fmt = AQ.fp8_name(kernels())
     xn = x.float().numpy()
     bits, sinv, _ = ref.fp8_quantize(xn, fmt, gran, scale_rule=AITER.value)
     np.testing.assert_array_equal(q.scale_inv.numpy().view(np.uint32), sinv.view(np.uint32))
@@ -514,7 +532,7 @@ def _model_mismatches(x: torch.Tensor, gran: str, q) -> int:
 @needs_aiter
 def test_interpreter_fp8_cast_is_the_only_difference(fp8_in_interpreter, gran, dtype):
     x = _fp8_inputs(gran).to(dtype)
-    recipe = R.Float8CurrentScaling(AQ._fp8_name(kernels()), gran, scale_rule=AITER)
+    recipe = R.Float8CurrentScaling(AQ.fp8_name(kernels()), gran, scale_rule=AITER)
     q = tealite.quantize(x, recipe, backend=B)
     off_model, off_reference = _model_mismatches(x, gran, q)
     assert off_model == 0
@@ -587,7 +605,7 @@ def test_target_fp32_to_fp8_cast_rounds_to_nearest_even_and_saturates():
     at = kernels()
     fmax = torch.finfo(at.fp8_dtype).max
     v = np.array([-8.5, -7.99, 336.0 * fmax / 448, 1.0, fmax * 1.2, -fmax * 1.5], F32)
-    got = ref.decode(_triton_cast(v, at.fp8_dtype, "cuda"), AQ._fp8_name(at))
+    got = ref.decode(_triton_cast(v, at.fp8_dtype, "cuda"), AQ.fp8_name(at))
     rne = torch.from_numpy(np.clip(v, -fmax, fmax)).to(at.fp8_dtype).float().numpy()
     np.testing.assert_array_equal(got, rne)
     assert got[4] == fmax and got[5] == -fmax

@@ -22,7 +22,7 @@ import tealite
 from tealite import recipes as R
 from tealite import registry
 from tealite.backends import aiter as A
-from tealite.backends.aiter import contracts
+from tealite.backends.aiter_common import contracts
 from tealite.backends.aiter import qgemm as aq
 from tealite.backends.aiter import quantize as aquant
 from tealite.backends.torch.quantize import _mx_rowwise
@@ -324,14 +324,14 @@ def test_seeded_ignored_row_scales_are_caught(install, monkeypatch):
 
 def test_seeded_unshuffled_e8m0_scales_are_caught(install, monkeypatch):
     install(make_fake())
-    real = aq.layouts.shuffle_e8m0_scales
+    real = aq.permute_e8m0_scales
 
-    def no_swizzle(s, backend=None):  # padded to the right shape, but not permuted
-        out = torch.zeros(real(s, backend=backend).shape, dtype=torch.uint8)
+    def no_swizzle(s):  # padded to the right shape, but not permuted
+        out = torch.zeros(real(s).shape, dtype=torch.uint8)
         out[: s.shape[0], : s.shape[1]] = s
         return out
 
-    monkeypatch.setattr(aq.layouts, "shuffle_e8m0_scales", no_swizzle)
+    monkeypatch.setattr(aq, "permute_e8m0_scales", no_swizzle)
     _fails("qgemm", QGEMM_CASES[5][0])
 
 

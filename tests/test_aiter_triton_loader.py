@@ -1,4 +1,4 @@
-"""tealite.backends.aiter._triton_loader: AITER's Triton kernels load without ROCm and compute
+"""tealite.backends.aiter_common.loader: AITER's Triton kernels load without ROCm and compute
 the right thing (on the CPU under TRITON_INTERPRET=1, or on a GPU).
 
 The kernel tests need an AITER source: ``$TEALITE_AITER_PATH`` (wheel, unpacked wheel or
@@ -18,7 +18,7 @@ import torch
 
 import tealite
 from tealite import recipes as R
-from tealite.backends.aiter import _triton_loader as L
+from tealite.backends.aiter_common import loader as L
 
 REASON = L.why_unavailable()
 needs_aiter = pytest.mark.skipif(REASON is not None, reason=f"AITER not available: {REASON}")
@@ -133,7 +133,7 @@ def test_dtypes_stand_in_follows_aiters_fp8_rule():
     """aiter.dtypes is built, not imported (AITER's dtypes.py imports HIP modules from
     v0.1.9.post1 on): fp8 is FNUZ on gfx942, OCP on gfx950, uint8 on an arch AITER does not
     know; the other names the Triton modules read are torch's."""
-    from tealite.backends.aiter import _loader_stubs as S
+    from tealite.backends.aiter_common import _loader_stubs as S
     assert S.dtypes_module("gfx942", "d").fp8 is torch.float8_e4m3fnuz
     d = S.dtypes_module("gfx950", "d")
     assert d.fp8 is torch.float8_e4m3fn and d.get_dtype_fp8() is d.fp8
@@ -146,7 +146,7 @@ def test_dtypes_stand_in_follows_aiters_fp8_rule():
 def test_torch_guard_stand_in_registers_no_custom_op():
     """AITER's torch_compile_guard defines ops named aiter::aiter::name, which make torch's
     exit-time cleanup raise; the stand-in returns the function itself."""
-    from tealite.backends.aiter import _loader_stubs as S
+    from tealite.backends.aiter_common import _loader_stubs as S
     guard = S.torch_guard_module("g").torch_compile_guard
     assert guard(gen_fake=None)(len) is len and guard()(max) is max
 
@@ -154,7 +154,7 @@ def test_torch_guard_stand_in_registers_no_custom_op():
 def test_the_driver_answers_the_pinned_arch_only_while_aiter_imports():
     pytest.importorskip("triton")
     from triton.runtime import driver
-    from tealite.backends.aiter import _loader_stubs as S
+    from tealite.backends.aiter_common import _loader_stubs as S
     saved = driver.__dict__.get("_active")
     with S.pinned_driver("gfx942"):
         assert driver.active.get_current_target().arch == "gfx942"
@@ -219,7 +219,7 @@ def test_aiter_dtypes_is_bound_with_the_arch_aiter_sees(at):
     other = "gfx942" if at.arch == "gfx950" else "gfx950"
     env = dict(os.environ, **{L.ENV_ARCH: other})
     readers = ("fused_rms_fp8_per_tensor_static_quant", "act_mul_and_fp8_group_quant")
-    code = ("from tealite.backends.aiter import _triton_loader as L; import sys; at = L.load(); "
+    code = ("from tealite.backends.aiter_common import loader as L; import sys; at = L.load(); "
             "print(at.arch, sys.modules['aiter'].dtypes.fp8, at.fp8_dtype, "
             f"[n for n in {readers!r} if not at.has(n)])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

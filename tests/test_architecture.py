@@ -104,12 +104,70 @@ def test_tealite_verify_has_no_import_circle():
     assert not [c for c in circles(GRAPH) if _package(c[0]) == "tealite_verify"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 part 1, not done yet: the front-end <-> "
-                   "registry <-> backends circle (backends import QuantizedTensor, GATED, "
-                   "layout helpers and LAYOUTS from tealite/ops/, registry.load_plugins "
-                   "imports tealite.backends)")
 def test_tealite_has_no_import_circle():
     assert not [c for c in circles(GRAPH) if _package(c[0]) == "tealite"]
+
+
+# tealite's floors, bottom up.  A top-level module (tealite/types.py, formats, recipes,
+# numerics, errors, _checks, ...) is the bottom floor; the registry stands on it; front-end ops
+# (tealite/ops/) and backends (tealite/backends/) stand side by side on both and never import
+# each other (the registry joins them at run time); the package init (the public API)
+# imports whatever it re-exports.
+_MAY_IMPORT = {
+    "bottom": {"bottom"},
+    "registry": {"bottom"},
+    "front-end": {"bottom", "registry", "front-end"},
+    "backend": {"bottom", "registry", "backend"},
+}
+
+
+def tealite_floor(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "api"
+    return {"registry": "registry", "ops": "front-end", "backends": "backend"}.get(parts[1],
+                                                                                 "bottom")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in tealite/ that points to a floor its importer may not use."""
+    bad = []
+    for a, deps in graph.items():
+        if _package(a) != "tealite" or tealite_floor(a) == "api":
+            continue
+        allowed = _MAY_IMPORT[tealite_floor(a)]
+        bad += [f"{a} ({tealite_floor(a)}) -> {b} ({tealite_floor(b)})" for b in sorted(deps)
+                if _package(b) == "tealite" and tealite_floor(b) not in allowed]
+    return sorted(bad)
+
+
+def test_tealite_layers_import_downward_only():
+    """Bottom modules import nothing above them; the registry no front-end op and no backend;
+    backends no front-end op (nor the package init); front-ends no backend."""
+    assert not layer_violations(GRAPH)
+
+
+def test_the_layer_order_check_can_fail(tmp_path):
+    files = {
+        "__init__.py": "from tealite.ops import a\n",
+        "types.py": "import tealite.registry\n",                     # bottom -> registry
+        "formats.py": "from tealite import types\n",                 # bottom -> api
+        "registry.py": "def f():\n    import tealite.backends.b\n",  # registry -> backend
+        "ops/__init__.py": "", "ops/a.py": "from tealite.backends import b\n",
+        "backends/__init__.py": "", "backends/b.py": "from tealite.ops.a import g\n",
+        "backends/c.py": "import tealite.types\nimport tealite.registry\n",  # allowed
+    }
+    for name, text in files.items():
+        (tmp_path / "tealite" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tealite" / name).write_text(text)
+    assert layer_violations(import_graph(tmp_path, ("tealite",))) == [
+        "tealite.backends.b (backend) -> tealite.ops.a (front-end)",
+        "tealite.formats (bottom) -> tealite (api)",
+        "tealite.ops.a (front-end) -> tealite.backends (backend)",
+        "tealite.ops.a (front-end) -> tealite.backends.b (backend)",
+        "tealite.registry (registry) -> tealite.backends.b (backend)",
+        "tealite.types (bottom) -> tealite.registry (registry)",
+    ]
 
 
 def test_library_modules_import_no_cli():
@@ -150,3 +208,70 @@ def test_references_import_no_tealite_code():
     refs = [m for m in GRAPH if m.startswith("tealite_verify.references")]
     assert refs
     assert not [f"{a} -> {b}" for a in refs for b in GRAPH[a] if _package(b) == "tealite"]
+
+
+def test_the_registry_declares_every_in_tree_backend():
+    """The registry imports in-tree backends by the names it declares: a backend package left
+    out of IN_TREE_BACKENDS would silently never register."""
+    from tealite.registry import IN_TREE_BACKENDS
+    registering = {_module_name(p.parent, ROOT) for p in (ROOT / "tealite" / "backends").glob(
+        "*/__init__.py") if "register_backend(" in p.read_text()}
+    assert registering and registering == set(IN_TREE_BACKENDS)
+
+
+def _backend_package(module: str) -> str | None:
+    """The in-tree backend package a module belongs to (None: not in one)."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["tealite", "backends"] and len(parts) > 2 \
+        else None
+
+
+def cross_backend_imports(graph: dict[str, set[str]], backend_packages) -> list[str]:
+    """Imports from one backend package into another (shared code lives in a package that
+    registers no backend, e.g. tealite/backends/aiter_common/)."""
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                  if _backend_package(a) in backend_packages
+                  and _backend_package(b) in backend_packages
+                  and _backend_package(a) != _backend_package(b))
+
+
+def test_no_backend_imports_another():
+    from tealite.registry import IN_TREE_BACKENDS
+    assert not cross_backend_imports(GRAPH, set(IN_TREE_BACKENDS))
+
+
+def private_backend_names(root: Path = ROOT, package: str = "tealite_verify") -> list[str]:
+    """Imports in ``package`` of a backend's private module or name (``_``-prefixed)."""
+    bad = []
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "tealite.backends"):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("tealite.backends")]
+            else:
+                continue
+            bad += [f"{_module_name(path, root)}: {n}" for n in names
+                    if any(p.startswith("_") for p in n.split("."))]
+    return sorted(set(bad))
+
+
+def test_the_harness_reaches_no_private_backend_name():
+    assert not private_backend_names()
+
+
+def test_the_backend_boundary_checks_can_fail(tmp_path):
+    (tmp_path / "tealite_verify").mkdir()
+    (tmp_path / "tealite_verify" / "a.py").write_text(
+        "from tealite.backends.aiter import _triton_loader\n"
+        "from tealite.backends.aiter_triton.quantize import _fp8_name, entry_point\n"
+        "import tealite.backends.torch.quantize\n")
+    assert private_backend_names(tmp_path) == [
+        "tealite_verify.a: tealite.backends.aiter._triton_loader",
+        "tealite_verify.a: tealite.backends.aiter_triton.quantize._fp8_name"]
+    graph = {"tealite.backends.aiter_triton": {"tealite.backends.aiter.contracts"},
+             "tealite.backends.aiter": {"tealite.backends.aiter_common.loader"}}
+    assert cross_backend_imports(graph, {"tealite.backends.aiter",
+                                         "tealite.backends.aiter_triton"}) == [
+        "tealite.backends.aiter_triton -> tealite.backends.aiter.contracts"]

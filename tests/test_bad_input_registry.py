@@ -11,6 +11,7 @@ import pytest
 import tealite
 from tealite import registry
 from tealite.errors import BackendUnavailable, TealiteArgumentError, UnsupportedCase
+from tealite.types import Op
 
 from _helpers_bad_input import (BF16, F16, F32, H, K, M, N, X_SHAPE, ln_bwd, ln_fwd, raises,
                                 rms_bwd, rms_fwd, stored, t)
@@ -173,3 +174,21 @@ def test_register_backend_rejects_duplicates_and_non_backends(temp_backend):
         registry.register_backend(registry.Backend(name="_t_dup"))
     with pytest.raises(TypeError, match=r"backend must be a tealite.registry.Backend, got dict"):
         registry.register_backend({"name": "x"})
+
+
+def test_implements_rejects_an_unknown_op_naming_the_valid_ones(temp_backend):
+    """A plug-in's misspelled op is an error at registration, not an implementation nothing
+    ever dispatches to; a misspelled constant in our code fails at import."""
+    backend = temp_backend("_t_typo")
+    with pytest.raises(ValueError, match=r"_t_typo.implements\(op\) must be one of tealite's "
+                                         r"ops \[.*'gemm'.*'qgemm'.*\], got 'gemn'"):
+        backend.implements("gemn")
+    assert not backend.impls
+    with pytest.raises(AttributeError):
+        Op.GEMN  # noqa: B018
+    # The constant and its plain name register the same implementation, stored by its name.
+    backend.implements(Op.GEMM)(_delegate("gemm")[0])
+    backend.implements("act_fwd")(_delegate("act_fwd")[0])
+    assert sorted(backend.impls) == ["act_fwd", "gemm"]
+    assert all(type(k) is str and type(i.op) is str for k, i in backend.impls.items())
+    assert f"{Op.GEMM}" == str(Op.GEMM) == "gemm"  # messages read as with plain names

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tealite.backends.aiter.contracts import Contract
+from tealite.backends.aiter_common.contracts import Contract
 from tealite.formats import ElementRounding, ScaleRounding
 from tealite_verify.gate import observe
 from tealite_verify.gate import probes_common as pc
@@ -380,13 +380,13 @@ INTERPRETER_SAFE = {"(not saturate_mask)": "(~saturate_mask)",
 OBSERVE_MX = """
 import json
 from tealite import registry
-from tealite.backends.aiter import contracts as C
+from tealite.backends.aiter_common import contracts as C
 from tealite_verify.gate import observe
 registry.backends()
 runs = [{c.entry_point: observe.observe_contract(c, "cpu")
          for c in C.contracts("aiter_triton") if c.family == "mxfp4"} for _ in range(2)]
 assert runs[0] == runs[1], "the same AITER must give the identical observation"
-from tealite.backends.aiter import _triton_loader as L
+from tealite.backends.aiter_common import loader as L
 print(json.dumps({"version": L.load().version, "observed": runs[0]}))
 """
 
@@ -403,7 +403,7 @@ def _observe_in_subprocess(aiter_path: Path | None) -> dict:
 
 
 def _installed_root() -> Path:
-    from tealite.backends.aiter import _triton_loader as L
+    from tealite.backends.aiter_common import loader as L
     if L.why_unavailable() is not None or os.environ.get("TEALITE_AITER_PATH"):
         pytest.skip("needs the installed AITER (TEALITE_AITER_PATH unset)")
     return Path(L.find_source()[0])
@@ -463,8 +463,8 @@ def test_real_v0_1_9_post1_made_interpreter_safe_is_observed_as_rne(installed, t
         pytest.skip(f"no exported AITER v0.1.9.post1 tree at {tree}")
     copy = _patched_copy(tree, tmp_path, INTERPRETER_SAFE)
     env = dict(os.environ, TRITON_INTERPRET="1", TEALITE_AITER_PATH=str(copy))
-    probe = subprocess.run([sys.executable, "-c", "from tealite.backends.aiter import "
-                            "_triton_loader as L; L.load()"], cwd=REPO, env=env,
+    probe = subprocess.run([sys.executable, "-c", "from tealite.backends.aiter_common "
+                            "import loader as L; L.load()"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
         pytest.skip(f"this loader cannot load v0.1.9.post1: {probe.stderr[-300:]}")

@@ -29,13 +29,10 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import registry
+import tealite.registry as registry
 from tealite._checks import check_choice, check_same_device, check_shape, check_tensor, require
-
-POINTWISE = ("gelu", "gelu_tanh", "relu", "silu", "qgelu", "srelu")
-GATED = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu",
-         "sreglu": "srelu"}
-KINDS = POINTWISE + tuple(GATED)
+from tealite.types import ACTIVATION_KINDS as KINDS
+from tealite.types import GATED, POINTWISE, Op
 
 
 class DbiasDact(NamedTuple):
@@ -66,7 +63,7 @@ def _params(x: torch.Tensor, kind: str, **tensors) -> dict:
 
 def act_fwd(x: torch.Tensor, kind: str, *, backend: str | None = None) -> torch.Tensor:
     _check_x(x, kind)
-    impl = registry.dispatch("act_fwd", _params(x, kind), backend)
+    impl = registry.dispatch(Op.ACT_FWD, _params(x, kind), backend)
     return impl.fn(x, kind=kind)
 
 
@@ -75,7 +72,7 @@ def act_bwd(dy: torch.Tensor, x: torch.Tensor, kind: str, *,
     _check_x(x, kind)
     check_tensor("dy", dy, dtypes=(x.dtype,))
     check_shape("dy", dy, output_shape(x.shape, kind), f"the forward output shape of {kind}")
-    impl = registry.dispatch("act_bwd", _params(x, kind, dy=dy), backend)
+    impl = registry.dispatch(Op.ACT_BWD, _params(x, kind, dy=dy), backend)
     return impl.fn(dy, x, kind=kind)
 
 
@@ -86,7 +83,7 @@ def dbias_dact(dy: torch.Tensor, x: torch.Tensor, kind: str, *,
             f"kind must be a pointwise kind {POINTWISE} for dbias_dact, got {kind!r}")
     check_tensor("dy", dy, dtypes=(x.dtype,))
     check_shape("dy", dy, x.shape, "same as x")
-    impl = registry.dispatch("dbias_dact", _params(x, kind, dy=dy), backend)
+    impl = registry.dispatch(Op.DBIAS_DACT, _params(x, kind, dy=dy), backend)
     return DbiasDact(*impl.fn(dy, x, kind=kind))
 
 

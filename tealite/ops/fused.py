@@ -46,12 +46,12 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import recipes as R
-from tealite import registry
+import tealite.recipes as R
+import tealite.registry as registry
 from tealite._checks import check_finite_number, check_shape, check_tensor, require
 from tealite.ops import activations as _acts
 from tealite.ops import norms as _norms
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op, QuantizedTensor
 
 FUSED_RECIPES = (R.DelayedScaling, R.Float8CurrentScaling, R.MXBlockScaling)
 
@@ -115,7 +115,7 @@ def layernorm_fwd_quantize(x, gamma, beta, recipe, *, eps: float = 1e-5,
     _check_recipe(recipe, scale, x, x.shape[-1])
     params.update(_recipe_params(recipe, x.shape[-1], return_stats=return_stats,
                                  return_amax=return_amax))
-    impl = registry.dispatch("layernorm_fwd_quantize", params, backend)
+    impl = registry.dispatch(Op.LAYERNORM_FWD_QUANTIZE, params, backend)
     return LayerNormFwdQuantized(*impl.fn(x, gamma, beta, recipe, eps=eps,
                                           zero_centered_gamma=zero_centered_gamma, scale=scale))
 
@@ -133,7 +133,7 @@ def rmsnorm_fwd_quantize(x, gamma, recipe, *, eps: float = 1e-5,
     _check_recipe(recipe, scale, x, x.shape[-1])
     params.update(_recipe_params(recipe, x.shape[-1], return_stats=return_stats,
                                  return_amax=return_amax))
-    impl = registry.dispatch("rmsnorm_fwd_quantize", params, backend)
+    impl = registry.dispatch(Op.RMSNORM_FWD_QUANTIZE, params, backend)
     return RMSNormFwdQuantized(*impl.fn(x, gamma, recipe, eps=eps,
                                         zero_centered_gamma=zero_centered_gamma, scale=scale))
 
@@ -150,7 +150,7 @@ def act_fwd_quantize(x: torch.Tensor, kind: str, recipe, *, scale: torch.Tensor 
     # "kind" is the recipe's kind in a fused op's params; the activation goes as "act_kind".
     params.update(_recipe_params(recipe, n_out, return_amax=return_amax),
                   rows=math.prod(x.shape[:-1]), act_kind=kind)
-    impl = registry.dispatch("act_fwd_quantize", params, backend)
+    impl = registry.dispatch(Op.ACT_FWD_QUANTIZE, params, backend)
     return impl.fn(x, recipe, kind=kind, scale=scale)
 
 

@@ -30,25 +30,15 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import registry
+import tealite.registry as registry
 from tealite._checks import (FLOAT_DTYPES, check_choice, check_dtype_in, check_finite_number,
                              check_same_device, check_shape, check_tensor, require)
-
-LAYOUTS = ("TN", "NN", "NT", "TT")
+from tealite.types import LAYOUTS, Op, gemm_dims  # noqa: F401  (LAYOUTS, gemm_dims re-exported)
 
 
 class GemmOutput(NamedTuple):
     out: torch.Tensor
     pre_gelu: torch.Tensor | None
-
-
-def gemm_dims(a_shape, b_shape, layout: str) -> tuple[int, int, int, int]:
-    """Return (M, N, K_from_A, K_from_B) for stored shapes under ``layout``."""
-    a_rows, a_cols = a_shape
-    b_rows, b_cols = b_shape
-    n, k_a = (a_rows, a_cols) if layout[0] == "T" else (a_cols, a_rows)
-    m, k_b = (b_rows, b_cols) if layout[1] == "N" else (b_cols, b_rows)
-    return m, n, k_a, k_b
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
@@ -78,7 +68,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
     params = dict(m=m, n=n, k=k_a, layout=layout, dtype=a.dtype, out_dtype=out_dtype,
                   bias=bias is not None, gelu=gelu, alpha=alpha, beta=beta,
                   device=registry.device_kind(device))
-    impl = registry.dispatch("gemm", params, backend)
+    impl = registry.dispatch(Op.GEMM, params, backend)
     result = impl.fn(a, b, layout=layout, out_dtype=out_dtype, bias=bias, gelu=gelu, out=out,
                      alpha=alpha, beta=beta)
     return GemmOutput(*result)

@@ -18,18 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from tealite import registry
+import tealite.registry as registry
 from tealite._checks import check_tensor, require
+from tealite.types import Op, padded_scale_shape, weight_tile  # noqa: F401  (re-exported)
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2,
                  torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.int8, torch.uint8)
-
-
-def weight_tile(dtype: torch.dtype, layout=(16, 16)) -> tuple[int, int, int]:
-    """(BN, BK, Kv) of the weight shuffle for ``dtype``."""
-    in_, ik = layout
-    elem = torch.empty((), dtype=dtype).element_size()
-    return in_, 2 * ik, 16 // elem
 
 
 def _check_weight(name: str, w: torch.Tensor, layout) -> None:
@@ -47,23 +41,19 @@ def _check_weight(name: str, w: torch.Tensor, layout) -> None:
 def shuffle_weight(w: torch.Tensor, layout=(16, 16), *, backend: str | None = None):
     _check_weight("w", w, layout)
     params = dict(dtype=w.dtype, layout=layout, device=registry.device_kind(w.device))
-    return registry.dispatch("shuffle_weight", params, backend).fn(w, layout, inverse=False)
+    return registry.dispatch(Op.SHUFFLE_WEIGHT, params, backend).fn(w, layout, inverse=False)
 
 
 def unshuffle_weight(w: torch.Tensor, layout=(16, 16), *, backend: str | None = None):
     _check_weight("w", w, layout)
     params = dict(dtype=w.dtype, layout=layout, device=registry.device_kind(w.device))
-    return registry.dispatch("shuffle_weight", params, backend).fn(w, layout, inverse=True)
-
-
-def padded_scale_shape(m: int, s: int) -> tuple[int, int]:
-    return -(-m // 256) * 256, -(-s // 8) * 8
+    return registry.dispatch(Op.SHUFFLE_WEIGHT, params, backend).fn(w, layout, inverse=True)
 
 
 def shuffle_e8m0_scales(scales: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     check_tensor("scales", scales, ndim=2, dtypes=(torch.uint8,))
     params = dict(dtype=scales.dtype, device=registry.device_kind(scales.device))
-    return registry.dispatch("shuffle_e8m0", params, backend).fn(scales, None)
+    return registry.dispatch(Op.SHUFFLE_E8M0, params, backend).fn(scales, None)
 
 
 def unshuffle_e8m0_scales(shuffled: torch.Tensor, m: int, s: int, *,
@@ -76,4 +66,4 @@ def unshuffle_e8m0_scales(shuffled: torch.Tensor, m: int, s: int, *,
             f"shuffled must have the padded shape {want} for m={m}, s={s}, "
             f"got {tuple(shuffled.shape)}")
     params = dict(dtype=shuffled.dtype, device=registry.device_kind(shuffled.device))
-    return registry.dispatch("shuffle_e8m0", params, backend).fn(shuffled, (m, s))
+    return registry.dispatch(Op.SHUFFLE_E8M0, params, backend).fn(shuffled, (m, s))

@@ -17,9 +17,10 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import registry
+import tealite.registry as registry
 from tealite._checks import (check_finite_number, check_same_device, check_shape,
                              check_tensor, require)
+from tealite.types import Op
 
 
 class LayerNormFwd(NamedTuple):
@@ -71,7 +72,7 @@ def layernorm_fwd(x, gamma, beta, *, eps: float = 1e-5, zero_centered_gamma: boo
     require(beta.dtype == gamma.dtype, f"beta dtype {beta.dtype} must equal gamma's {gamma.dtype}")
     eps = check_finite_number("eps", eps, positive=True)
     params = _params(x, gamma, zero_centered_gamma, beta=beta)
-    impl = registry.dispatch("layernorm_fwd", params, backend)
+    impl = registry.dispatch(Op.LAYERNORM_FWD, params, backend)
     return LayerNormFwd(*impl.fn(x, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma))
 
 
@@ -84,7 +85,7 @@ def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma: bool = Fal
     _check_stats("rsigma", rsigma, x)
     _check_weight("gamma", gamma, x)
     params = _params(x, gamma, zero_centered_gamma, dy=dy, mean=mean, rsigma=rsigma)
-    impl = registry.dispatch("layernorm_bwd", params, backend)
+    impl = registry.dispatch(Op.LAYERNORM_BWD, params, backend)
     return LayerNormBwd(*impl.fn(dy, x, mean, rsigma, gamma,
                                  zero_centered_gamma=zero_centered_gamma))
 
@@ -95,7 +96,7 @@ def rmsnorm_fwd(x, gamma, *, eps: float = 1e-5, zero_centered_gamma: bool = Fals
     _check_weight("gamma", gamma, x)
     eps = check_finite_number("eps", eps, positive=True)
     params = _params(x, gamma, zero_centered_gamma)
-    impl = registry.dispatch("rmsnorm_fwd", params, backend)
+    impl = registry.dispatch(Op.RMSNORM_FWD, params, backend)
     return RMSNormFwd(*impl.fn(x, gamma, eps=eps, zero_centered_gamma=zero_centered_gamma))
 
 
@@ -107,7 +108,7 @@ def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma: bool = False,
     _check_stats("rsigma", rsigma, x)
     _check_weight("gamma", gamma, x)
     params = _params(x, gamma, zero_centered_gamma, dy=dy, rsigma=rsigma)
-    impl = registry.dispatch("rmsnorm_bwd", params, backend)
+    impl = registry.dispatch(Op.RMSNORM_BWD, params, backend)
     return RMSNormBwd(*impl.fn(dy, x, rsigma, gamma, zero_centered_gamma=zero_centered_gamma))
 
 

@@ -23,12 +23,11 @@ from typing import NamedTuple
 
 import torch
 
-from tealite import recipes as R
-from tealite import registry
+import tealite.recipes as R
+import tealite.registry as registry
 from tealite._checks import FLOAT_DTYPES, check_choice, check_dtype_in, check_shape, \
     check_tensor, require
-from tealite.ops.gemm import LAYOUTS
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import LAYOUTS, Op, QuantizedTensor
 
 
 class QGemmOutput(NamedTuple):
@@ -84,7 +83,7 @@ def qgemm(a: QuantizedTensor, b: QuantizedTensor, *, layout: str = "TN",
                   dtype=out_dtype, fmt_a=a.recipe.fmt, fmt_b=b.recipe.fmt,
                   recipe_a=a.recipe, recipe_b=b.recipe, bias=bias is not None,
                   device=registry.device_kind(next(iter(devices))))
-    impl = registry.dispatch("qgemm", params, backend)
+    impl = registry.dispatch(Op.QGEMM, params, backend)
     out, meta = impl.fn(a.recipe, a_codes, a_scales, b.recipe, b_codes, b_scales, m=m, n=n,
                         k=k_a, out_dtype=out_dtype, bias=bias)
     return QGemmOutput(out, meta)

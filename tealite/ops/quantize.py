@@ -30,25 +30,13 @@ columnwise data (shape (K, M)) with ``columnwise=True``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from tealite import recipes as R
-from tealite import registry
+import tealite.recipes as R
+import tealite.registry as registry
 from tealite._checks import FLOAT_DTYPES, check_dtype_in, check_shape, check_tensor, require
 from tealite.formats import get_format
-
-
-@dataclass
-class QuantizedTensor:
-    recipe: object
-    shape: tuple
-    data: torch.Tensor | None = None
-    scale_inv: torch.Tensor | None = None
-    columnwise_data: torch.Tensor | None = None
-    columnwise_scale_inv: torch.Tensor | None = None
-    amax: torch.Tensor | None = None
+from tealite.types import Op, QuantizedTensor  # noqa: F401  (QuantizedTensor re-exported)
 
 
 RECIPE_TYPES = (R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
@@ -87,10 +75,10 @@ def quantize(x: torch.Tensor, recipe, *, rowwise: bool = True, columnwise: bool 
         require(scale is None, f"scale= is only for DelayedScaling, not {type(recipe).__name__}")
     m, k = x.shape
     _check_mx_dims(recipe, m, k, rowwise, columnwise, pad)
-    params = dict(op="quantize", dtype=x.dtype, recipe=recipe, kind=recipe.kind, fmt=recipe.fmt,
+    params = dict(op=Op.QUANTIZE, dtype=x.dtype, recipe=recipe, kind=recipe.kind, fmt=recipe.fmt,
                   m=m, k=k, rowwise=rowwise, columnwise=columnwise,
                   device=registry.device_kind(x.device))
-    impl = registry.dispatch("quantize", params, backend)
+    impl = registry.dispatch(Op.QUANTIZE, params, backend)
     return impl.fn(x, recipe, rowwise=rowwise, columnwise=columnwise, scale=scale)
 
 
@@ -103,7 +91,7 @@ def dequantize(q: QuantizedTensor, *, out_dtype: torch.dtype = torch.float32,
     require(data is not None, f"q has no {which} data (quantize with {which}=True)")
     params = dict(dtype=out_dtype, kind=q.recipe.kind, fmt=q.recipe.fmt,
                   device=registry.device_kind(data.device))
-    impl = registry.dispatch("dequantize", params, backend)
+    impl = registry.dispatch(Op.DEQUANTIZE, params, backend)
     return impl.fn(q, out_dtype=out_dtype, columnwise=columnwise)
 
 
@@ -111,7 +99,7 @@ def amax(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """max |x| as a float32 tensor of shape (1,), NaN-propagating (0 for an empty x)."""
     check_tensor("x", x)
     params = dict(dtype=x.dtype, numel=x.numel(), device=registry.device_kind(x.device))
-    return registry.dispatch("amax", params, backend).fn(x)
+    return registry.dispatch(Op.AMAX, params, backend).fn(x)
 
 
 def delayed_scaling_update(amax_history: torch.Tensor, scale: torch.Tensor, recipe, *,
@@ -138,5 +126,5 @@ def delayed_scaling_update(amax_history: torch.Tensor, scale: torch.Tensor, reci
     require(scale.device == amax_history.device, "scale and amax_history must share a device")
     params = dict(dtype=torch.float32, fmt=recipe.fmt,
                   device=registry.device_kind(scale.device))
-    impl = registry.dispatch("delayed_scaling_update", params, backend)
+    impl = registry.dispatch(Op.DELAYED_SCALING_UPDATE, params, backend)
     return impl.fn(amax_history, scale, recipe)

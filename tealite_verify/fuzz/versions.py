@@ -27,7 +27,7 @@ def _aiter() -> str | None:
         if v:
             return v
     try:
-        from tealite.backends.aiter._triton_loader import AiterNotFound, find_source
+        from tealite.backends.aiter_common.loader import AiterNotFound, find_source
     except ImportError:
         return None
     try:

@@ -5,7 +5,7 @@ import datetime
 import os
 
 from tealite import registry
-from tealite.backends.aiter import contracts as aiter_contracts
+from tealite.backends.aiter_common import contracts as aiter_contracts
 from tealite_verify.fuzz import versions
 from tealite_verify.gate import interpreter_gaps, observe
 from tealite_verify.gate.caseset import aiter_backends, select
@@ -38,7 +38,7 @@ def _entry_point_records(at) -> dict[str, dict]:
 
 def aiter_info() -> dict:
     """Which AITER was loaded, and where each of its entry points was found (or why not)."""
-    from tealite.backends.aiter import _triton_loader as loader
+    from tealite.backends.aiter_common import loader as loader
     why = loader.why_unavailable()
     if why is not None:
         return {"found": False, "reason": why, "entry_points": {}}

@@ -85,7 +85,7 @@ def select_aiter(args) -> None:
         return
     if not os.path.exists(aiter):
         raise GateInputError(f"--aiter: no such file or directory: {aiter}")
-    from tealite.backends.aiter import _triton_loader as loader
+    from tealite.backends.aiter_common import loader as loader
     try:
         loader.find_source(aiter)
     except loader.AiterNotFound as exc:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tealite.backends.aiter import contracts as aiter_contracts
+from tealite.backends.aiter_common import contracts as aiter_contracts
 from tealite_verify.gate import probes_common as pc
 from tealite_verify.gate import probes_fp8, probes_fused, probes_mx
 

@@ -23,7 +23,7 @@ import torch
 
 import tealite
 from tealite import recipes as R
-from tealite.backends.aiter.contracts import Contract
+from tealite.backends.aiter_common.contracts import Contract
 from tealite.errors import UnsupportedCase
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding
 from tealite_verify.gate import probes_common as pc
@@ -71,8 +71,8 @@ def _fp8_fmt(c: Contract) -> str:
         return c.extra["fmt"]
     if c.backend == "aiter_triton":
         from tealite.backends.aiter_triton import kernels
-        from tealite.backends.aiter_triton.quantize import _fp8_name
-        return _fp8_name(kernels())  # OCP with gfx950 pinned, FNUZ on gfx942
+        from tealite.backends.aiter_triton.quantize import fp8_name
+        return fp8_name(kernels())  # OCP with gfx950 pinned, FNUZ on gfx942
     return "e4m3"
 
 
@@ -188,12 +188,8 @@ def probe_switches():
     """Let AITER's MXFP4 (on NVIDIA) and FP8 (in the interpreter) entry points run: a probe
     records what runs, platform divergences included."""
     from tealite.backends import aiter_triton
-    saved = aiter_triton.REJECT_FP8_IN_INTERPRETER, aiter_triton.REJECT_MXFP4_ON_NVIDIA
-    aiter_triton.REJECT_FP8_IN_INTERPRETER = aiter_triton.REJECT_MXFP4_ON_NVIDIA = False
-    try:
+    with aiter_triton.lift_platform_rejections(fp8_in_interpreter=True, mxfp4_on_nvidia=True):
         yield
-    finally:
-        aiter_triton.REJECT_FP8_IN_INTERPRETER, aiter_triton.REJECT_MXFP4_ON_NVIDIA = saved
 
 
 def _direct_static(route: Route, x: torch.Tensor, given: float):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from tealite.backends.aiter import contracts as aiter_contracts
+from tealite.backends.aiter_common import contracts as aiter_contracts
 from tealite_verify.gate.compare import Result
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.activations import GATED, KINDS
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.specs import OpSpec, register
 from tealite_verify.specs import activations as act_spec
@@ -79,7 +80,7 @@ _AITER_SMOKE = (
                  "scale_rule": "amax/fmax"}),
 )
 
-register(OpSpec(name="act_fwd_quantize", family="fused", cases=cases, make_inputs=make_inputs,
+register(OpSpec(name=Op.ACT_FWD_QUANTIZE, family="fused", cases=cases, make_inputs=make_inputs,
                 call=call, reference=reference,
                 smoke_cases=tuple(_smoke(i, k) for i, k in enumerate(KINDS)) + _AITER_SMOKE,
                 coverage=(cov.recipe_cells("recipe", FUSED_KINDS, aiter_rule=True,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.activations import GATED, KINDS, POINTWISE, output_shape
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import activations as ref
 from tealite_verify.references._device import namespace
@@ -186,21 +187,21 @@ _SMOKE = tuple(_smoke(k, [7, 64], dt) for k, dt in zip(
     KINDS, ["bfloat16", "float16", "float32"] * 4))
 
 register(OpSpec(
-    name="act_fwd", family="activations", cases=lambda dtype=None, size="ci": cases(
+    name=Op.ACT_FWD, family="activations", cases=lambda dtype=None, size="ci": cases(
         dtype, size, bwd=False), make_inputs=make_inputs,
     call=lambda i, c, b: {"y": tealite.act_fwd(i["x"], c["kind"], backend=b)},
     reference=fwd_reference, smoke_cases=_SMOKE, device_reference=True,
     coverage=cov.layout_cells("kind", KINDS) + cov.edge_cells(cov.FLOAT_EDGES)))
 
 register(OpSpec(
-    name="act_bwd", family="activations", cases=lambda dtype=None, size="ci": cases(
+    name=Op.ACT_BWD, family="activations", cases=lambda dtype=None, size="ci": cases(
         dtype, size, bwd=True), make_inputs=make_inputs,
     call=lambda i, c, b: {"dx": tealite.act_bwd(i["dy"], i["x"], c["kind"], backend=b)},
     reference=bwd_reference, smoke_cases=_SMOKE, device_reference=True,
     coverage=cov.layout_cells("kind", KINDS) + cov.edge_cells(cov.FLOAT_EDGES)))
 
 register(OpSpec(
-    name="dbias_dact", family="activations", cases=lambda dtype=None, size="ci": cases(
+    name=Op.DBIAS_DACT, family="activations", cases=lambda dtype=None, size="ci": cases(
         dtype, size, bwd=True, kinds=POINTWISE), make_inputs=make_inputs,
     call=lambda i, c, b: tealite.dbias_dact(i["dy"], i["x"], c["kind"], backend=b)._asdict(),
     reference=dbias_reference, smoke_cases=tuple(s for s in _SMOKE if s["kind"] in POINTWISE),

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import tealite
 from tealite import recipes as R
 from tealite.formats import FP8_FORMATS
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
@@ -59,7 +60,7 @@ def reference(inputs, case):
 
 
 register(OpSpec(
-    name="delayed_scaling_update", family="quantize", cases=cases, make_inputs=make_inputs,
+    name=Op.DELAYED_SCALING_UPDATE, family="quantize", cases=cases, make_inputs=make_inputs,
     call=call, reference=reference, dtypes=("float32",),
     coverage=(cov.layout_cells("fmt", FP8_FORMATS) + cov.layout_cells("algo", ("max", "most_recent"))
               + cov.layout_cells("newest", ("drawn", "zero", "nan", "inf"))

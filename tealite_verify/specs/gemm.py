@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.gemm import LAYOUTS
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import gemm as ref
 from tealite_verify.references import _device as reference_device
@@ -163,7 +164,7 @@ def make_case(layout, dtype, m, n, k, **kw):
 
 
 SPEC = register(OpSpec(
-    name="gemm", family="gemm", cases=cases, make_inputs=make_inputs, call=call,
+    name=Op.GEMM, family="gemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference, device_reference=True,
     coverage=(cov.layout_cells("layout", LAYOUTS) + cov.layout_cells("bias", (True, False))
               + cov.layout_cells("gelu", (True, False))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.ops.layouts import weight_tile
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import layouts as ref
 from tealite_verify.specs import Expected, OpSpec, register
@@ -114,12 +115,12 @@ def _with_bits(make):
 
 
 register(OpSpec(
-    name="shuffle_weight", family="layouts", cases=weight_cases,
+    name=Op.SHUFFLE_WEIGHT, family="layouts", cases=weight_cases,
     make_inputs=_with_bits(weight_inputs), call=weight_call, reference=weight_reference,
     dtypes=("float32",), coverage=cov.layout_cells("wdtype", sorted(WEIGHT_DTYPES)),
     smoke_cases=tuple({"wdtype": d, "n": 32, "k": 128, "seed": 3} for d in WEIGHT_DTYPES)))
 register(OpSpec(
-    name="shuffle_e8m0", family="layouts", cases=scale_cases, make_inputs=scale_inputs,
+    name=Op.SHUFFLE_E8M0, family="layouts", cases=scale_cases, make_inputs=scale_inputs,
     call=scale_call, reference=scale_reference, dtypes=("float32",),
     coverage=cov.edge_cells((cov.ONE_ELEMENT, cov.EMPTY, cov.MISALIGNED)),
     smoke_cases=({"m": 70, "s": 5, "seed": 1}, {"m": 256, "s": 8, "seed": 2},

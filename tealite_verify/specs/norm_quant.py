@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import tealite
 from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify import recipe_rules as rules
 from tealite_verify.references import fused as fref
@@ -225,7 +226,7 @@ SMOKE = (_smoke([5, 4, 160], "bfloat16", _MX),
          _smoke([5, 96], "float32", _ROW_AITER, **_NOTHING_EXTRA,
                 dist={"kind": "zero_rows", "scale": 1.0, "frac": 0.25}))
 
-for _name, _rms in (("layernorm_fwd_quantize", False), ("rmsnorm_fwd_quantize", True)):
+for _name, _rms in ((Op.LAYERNORM_FWD_QUANTIZE, False), (Op.RMSNORM_FWD_QUANTIZE, True)):
     register(OpSpec(
         name=_name, family="fused",
         cases=lambda dtype=None, size="ci", _rms=_rms: cases(dtype, size, rms=_rms),

@@ -13,6 +13,7 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import norms as ref
 from tealite_verify.references._device import namespace
@@ -269,10 +270,10 @@ _COVERAGE = (cov.layout_cells("zero_centered_gamma", (True, False))
              + cov.layout_cells("weight_dtype", ("float32",)) + cov.edge_cells(cov.FLOAT_EDGES))
 
 for _name, _rms, _bwd, _ref, _call in (
-        ("layernorm_fwd", False, False, ln_fwd_reference, ln_fwd_call),
-        ("layernorm_bwd", False, True, ln_bwd_reference, ln_bwd_call),
-        ("rmsnorm_fwd", True, False, rms_fwd_reference, rms_fwd_call),
-        ("rmsnorm_bwd", True, True, rms_bwd_reference, rms_bwd_call)):
+        (Op.LAYERNORM_FWD, False, False, ln_fwd_reference, ln_fwd_call),
+        (Op.LAYERNORM_BWD, False, True, ln_bwd_reference, ln_bwd_call),
+        (Op.RMSNORM_FWD, True, False, rms_fwd_reference, rms_fwd_call),
+        (Op.RMSNORM_BWD, True, True, rms_bwd_reference, rms_bwd_call)):
     def _make(case, device, _rms=_rms, _bwd=_bwd):
         inputs = _base_inputs(case, device, rms=_rms)
         return _with_stats(inputs, case, device, rms=_rms) if _bwd else inputs

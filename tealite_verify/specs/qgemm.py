@@ -12,6 +12,7 @@ from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
 from tealite.ops.gemm import LAYOUTS
 from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify import recipe_rules as rules
 from tealite_verify.references import qgemm as ref
@@ -233,7 +234,7 @@ _BLK = {"kind": "block", "fmt": "e4m3", "block": [128, 128], "force_pow2_scales"
         "amax_epsilon": 0.0}
 
 register(OpSpec(
-    name="qgemm", family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
+    name=Op.QGEMM, family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference,
     coverage=(cov.recipe_cells("recipe_a", RECIPE_KINDS)
               # b holds the activations: 1x128 blocks only (the op's contract, as TE's).

@@ -16,6 +16,7 @@ import tealite
 from tealite.formats import get_format
 from tealite.recipes import Granularity
 from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify import recipe_rules as rules
 from tealite_verify.references import quantize as ref
@@ -219,18 +220,18 @@ SMOKE = (
 
 _RECIPE_CELLS = cov.recipe_cells("recipe", RECIPE_KINDS,
                                   aiter_rule=True)
-register(OpSpec(name="quantize", family="quantize", cases=cases, make_inputs=make_inputs,
+register(OpSpec(name=Op.QUANTIZE, family="quantize", cases=cases, make_inputs=make_inputs,
                 call=call, reference=reference, smoke_cases=SMOKE,
                 coverage=_RECIPE_CELLS + cov.direction_cells() + cov.edge_cells(cov.QUANT_EDGES)
                 + cov.product_cells(cov.family_cells("recipe", cov.FAMILIES),
                                     cov.direction_cells())))
-register(OpSpec(name="dequantize", family="quantize", cases=dq_cases,
+register(OpSpec(name=Op.DEQUANTIZE, family="quantize", cases=dq_cases,
                 make_inputs=dq_make_inputs, call=dq_call, reference=dq_reference,
                 smoke_cases=tuple(dict(c, rowwise=True, columnwise=False) for c in SMOKE),
                 coverage=_RECIPE_CELLS + cov.edge_cells(cov.SHAPE_EDGES + (
                     cov.TIES, cov.NONFINITE, cov.ZERO_BLOCK, cov.OVERFLOW))))
 register(OpSpec(
-    name="amax", family="quantize",
+    name=Op.AMAX, family="quantize",
     cases=lambda dtype=None, size="ci": st.fixed_dictionaries({
         # (*leading, H) with the leading product capped: the interpreter runs amax too.
         "shape": row_shapes(max_rows=_LIMITS[size], max_hidden=_LIMITS[size]).map(list),

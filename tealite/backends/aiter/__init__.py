@@ -15,18 +15,16 @@ verified side by side by the differential harness, with no global switch.
 
 Availability (the probe): a ROCm build of torch (``torch.version.hip``), a visible GPU, and an
 importable ``aiter`` -- the import error is the reason otherwise.  The synthetic ``aiter``
-shell that :mod:`tealite.backends.aiter._triton_loader` installs for the ``aiter_triton``
+shell that :mod:`tealite.backends.aiter_common.loader` installs for the ``aiter_triton``
 backend does not count (it has no HIP ops).
 
 Version awareness: on first use every entry point in :data:`ENTRY_POINTS` is looked up on the
 imported package; one that is absent is listed in ``runtime().missing`` with the reason, and
 every case that needs it is rejected with that reason (:func:`why_missing`), never routed to
 another path.  Each family module (qgemm, quantize, norms, fused, activations) declares the
-contract of every entry point it calls (:mod:`tealite.backends.aiter.contracts`) and reports
-the entry point in the numerics of each case (``"entry_point"``).
-
-This package also holds the AITER helpers shared with the ``aiter_triton`` backend
-(``_triton_loader``, ``contracts``); importing it never imports AITER.
+contract of every entry point it calls (:mod:`tealite.backends.aiter_common.contracts`) and
+reports the entry point in the numerics of each case (``"entry_point"``).  Importing this
+package never imports AITER.
 """
 from __future__ import annotations
 
@@ -37,6 +35,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from tealite.backends.aiter_common.loader import SYNTHETIC  # the attribute marking its shell
 from tealite.registry import Backend, register_backend
 
 NAME = "aiter"
@@ -69,7 +68,6 @@ _ARCH_E4M3 = {"gfx942": "e4m3fnuz", "gfx950": "e4m3"}
 # Test doubles (a fake ``aiter`` module) may declare these; the real package never does.
 FAKE_DEVICES_ATTR = "__tealite_fake_devices__"
 FAKE_ARCH_ATTR = "__tealite_fake_arch__"
-_SYNTHETIC_ATTR = "__tealite_synthetic_root__"  # set by _triton_loader on its shell
 
 
 @dataclass
@@ -129,7 +127,7 @@ def _import_aiter():
     except Exception as exc:  # any failure of AITER's init (no hipconfig, JIT, ...) is the reason
         _cache["import_error"] = f"import aiter failed: {type(exc).__name__}: {exc}"
         raise ImportError(_cache["import_error"]) from exc
-    if getattr(module, _SYNTHETIC_ATTR, None):
+    if getattr(module, SYNTHETIC, None):
         raise ImportError("sys.modules['aiter'] is tealite's synthetic Triton-only shell (the "
                           "aiter_triton loader ran first in this process); AITER's HIP/CK ops "
                           "are not loaded -- import aiter before loading AITER's Triton kernels")
@@ -210,7 +208,9 @@ BACKEND_BPRESHUFFLE = register_backend(Backend(
     description="AITER on ROCm with pre-shuffled weights (the *_bpreshuffle CK GEMMs; never "
                 "run on AMD hardware yet)"))
 
-# Every family module registers its implementations and declares its contracts on import.
+# Every family module registers its implementations on BACKEND when imported.  They are
+# imported by name, as the registry imports the backends: the package never imports its
+# families statically, so they may import it (BACKEND, platform facts) without a circle.
 FAMILIES = ("activations", "fused", "norms", "qgemm", "quantize")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")

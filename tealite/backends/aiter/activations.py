@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.aiter import BACKEND, common_why_not, runtime
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
+from tealite.types import Op
 
 ENTRY = {"swiglu": "silu_and_mul", "geglu": "gelu_and_mul"}
 
@@ -58,7 +59,7 @@ def _numerics(params) -> dict:
     return {"entry_point": ENTRY.get(params["kind"], "-"), "compute_dtype": torch.float32}
 
 
-@BACKEND.implements("act_fwd", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+@BACKEND.implements(Op.ACT_FWD, dtypes=(torch.float32, torch.bfloat16, torch.float16),
                     check=_why_not, numerics=_numerics)
 def act_fwd(x, *, kind):
     fn = runtime().functions[ENTRY[kind]]
@@ -72,11 +73,11 @@ def act_fwd(x, *, kind):
 _NOTES = ("fp32 math under -ffast-math; one conversion to the input dtype (fp16 RNE, bf16 "
           "truncation: rejected); d must be a multiple of min(8, nextPow2(d/64)) (unchecked "
           "vector stores)")
-declare(Contract(backend="aiter", entry_point="silu_and_mul", op="act_fwd",
+declare(Contract(backend="aiter", entry_point="silu_and_mul", op=Op.ACT_FWD,
                  element_rounding="bf16:rtz, fp16:rne",
                  layouts=("input:(...,2d) [act|gate]", "out:(...,d)"),
                  notes=_NOTES + "; silu = x * rcp(1 + exp(-x)) with the hardware rcp"))
-declare(Contract(backend="aiter", entry_point="gelu_and_mul", op="act_fwd",
+declare(Contract(backend="aiter", entry_point="gelu_and_mul", op=Op.ACT_FWD,
                  element_rounding="bf16:rtz, fp16:rne",
                  layouts=("input:(...,2d) [act|gate]", "out:(...,d)"),
                  notes=_NOTES + "; gelu = x/2 (1 + erf(x/sqrt2)) (erf under -ffast-math)"))

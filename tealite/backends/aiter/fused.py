@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.aiter import BACKEND, rejecting
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 WHY = {
@@ -40,17 +41,17 @@ _rms, _ln, _act = (rejecting(e, WHY[e]) for e in (
     "scaled_silu_and_mul"))
 
 
-@BACKEND.implements("rmsnorm_fwd_quantize", dtypes=_FLOATS, check=_rms[0], numerics=_rms[1])
+@BACKEND.implements(Op.RMSNORM_FWD_QUANTIZE, dtypes=_FLOATS, check=_rms[0], numerics=_rms[1])
 def rmsnorm_fwd_quantize(x, gamma, recipe, *, eps, zero_centered_gamma, scale):
     raise UnsupportedCase(WHY["rmsnorm2d_fwd_with_dynamicquant"])
 
 
-@BACKEND.implements("layernorm_fwd_quantize", dtypes=_FLOATS, check=_ln[0], numerics=_ln[1])
+@BACKEND.implements(Op.LAYERNORM_FWD_QUANTIZE, dtypes=_FLOATS, check=_ln[0], numerics=_ln[1])
 def layernorm_fwd_quantize(x, gamma, beta, recipe, *, eps, zero_centered_gamma, scale):
     raise UnsupportedCase(WHY["layernorm2d_fwd_with_dynamicquant"])
 
 
-@BACKEND.implements("act_fwd_quantize", dtypes=_FLOATS, check=_act[0], numerics=_act[1])
+@BACKEND.implements(Op.ACT_FWD_QUANTIZE, dtypes=_FLOATS, check=_act[0], numerics=_act[1])
 def act_fwd_quantize(x, recipe, *, kind, scale):
     raise UnsupportedCase(WHY["scaled_silu_and_mul"])
 
@@ -58,15 +59,15 @@ def act_fwd_quantize(x, recipe, *, kind, scale):
 _DQ = ("per-row y_scale = amax / fmax (fp32 division), codes = cast(y / y_scale) in "
        "ck_tile (RNE); y_scale (M,1) fp32; no statistics, no amax; zero row: 0/0")
 declare(Contract(backend="aiter", entry_point="rmsnorm2d_fwd_with_dynamicquant",
-                 op="rmsnorm_fwd_quantize", family="fp8-current", fp8="arch",
+                 op=Op.RMSNORM_FWD_QUANTIZE, family="fp8-current", fp8="arch",
                  scale_rule="amax/fmax, codes y/scale", element_rounding="rne",
                  layouts=("out:(M,N) fp8", "yscale:(M,1) fp32"), notes=_DQ))
 declare(Contract(backend="aiter", entry_point="layernorm2d_fwd_with_dynamicquant",
-                 op="layernorm_fwd_quantize", family="fp8-current", fp8="arch",
+                 op=Op.LAYERNORM_FWD_QUANTIZE, family="fp8-current", fp8="arch",
                  scale_rule="amax/fmax, codes y/scale", element_rounding="rne",
                  layouts=("out:(M,N) fp8", "yscale:(M,1) fp32"),
                  notes=_DQ + "; commented out in aiter 0.1.7 (aiter/ops/norm.py)"))
-declare(Contract(backend="aiter", entry_point="scaled_silu_and_mul", op="act_fwd_quantize",
+declare(Contract(backend="aiter", entry_point="scaled_silu_and_mul", op=Op.ACT_FWD_QUANTIZE,
                  family="fp8-given", fp8="arch",
                  scale_rule="given scale_inv, x * fl32(1/scale_inv)", element_rounding="rne",
                  layouts=("input:(...,2d) [act|gate]", "out:(...,d) fp8", "scale:(1,) fp32"),

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.aiter import BACKEND, rejecting
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 NO_STATS = {
@@ -31,12 +32,12 @@ _rms_check, _rms_numerics = rejecting("rmsnorm2d_fwd", NO_STATS["rmsnorm2d_fwd"]
 _ln_check, _ln_numerics = rejecting("layernorm2d_fwd", NO_STATS["layernorm2d_fwd"])
 
 
-@BACKEND.implements("rmsnorm_fwd", dtypes=_FLOATS, check=_rms_check, numerics=_rms_numerics)
+@BACKEND.implements(Op.RMSNORM_FWD, dtypes=_FLOATS, check=_rms_check, numerics=_rms_numerics)
 def rmsnorm_fwd(x, gamma, *, eps, zero_centered_gamma):
     raise UnsupportedCase(NO_STATS["rmsnorm2d_fwd"])
 
 
-@BACKEND.implements("layernorm_fwd", dtypes=_FLOATS, check=_ln_check, numerics=_ln_numerics)
+@BACKEND.implements(Op.LAYERNORM_FWD, dtypes=_FLOATS, check=_ln_check, numerics=_ln_numerics)
 def layernorm_fwd(x, gamma, beta, *, eps, zero_centered_gamma):
     raise UnsupportedCase(NO_STATS["layernorm2d_fwd"])
 
@@ -44,10 +45,10 @@ def layernorm_fwd(x, gamma, beta, *, eps, zero_centered_gamma):
 _NORM_NOTES = ("fp16/bf16 only; fp32 statistics; y converted by ck_tile type_convert (bf16: "
                "CK_TILE_FLOAT_TO_BFLOAT16_DEFAULT=truncate, module_rmsnorm/module_norm set no "
                "override); no statistics output, so every tealite case is rejected")
-declare(Contract(backend="aiter", entry_point="rmsnorm2d_fwd", op="rmsnorm_fwd",
+declare(Contract(backend="aiter", entry_point="rmsnorm2d_fwd", op=Op.RMSNORM_FWD,
                  element_rounding="bf16:rtz, fp16:rne",
                  layouts=("x:(M,N)", "weight:(N,)", "out:(M,N) x dtype"), notes=_NORM_NOTES))
-declare(Contract(backend="aiter", entry_point="layernorm2d_fwd", op="layernorm_fwd",
+declare(Contract(backend="aiter", entry_point="layernorm2d_fwd", op=Op.LAYERNORM_FWD,
                  element_rounding="bf16:rtz, fp16:rne",
                  layouts=("x:(M,N)", "weight:(N,)", "bias:(N,)", "out:(M,N) x dtype"),
                  notes=_NORM_NOTES))

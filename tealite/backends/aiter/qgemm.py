@@ -21,9 +21,9 @@ Adapter steps (each from the C++ that reads the argument, csrc/ck_gemm_*):
   reads it column-major (gridwise_gemm_xdl_cshuffle_v3_multi_d_blockscale_b_preshuffle.hpp:
   a_scale strides (1, M)), so it gets ``x_scale.T.contiguous().view(M, K/128)``;
   ``w_scale (N/128, K/128)`` row-major for both;
-* shuffled weights: :func:`tealite.ops.layouts.shuffle_weight` with layout (16, 16)
-  (fp8: tiles of 16 rows x 16 bytes; FP4 shuffled as bytes);
-* ``gemm_a4w4``: scales through :func:`tealite.ops.layouts.shuffle_e8m0_scales` (padding
+* shuffled weights: :func:`tealite.types.permute_weight_tiles` (``shuffle_weight``) with
+  layout (16, 16) (fp8: tiles of 16 rows x 16 bytes; FP4 shuffled as bytes);
+* ``gemm_a4w4``: scales through :func:`tealite.types.permute_e8m0_scales` (padding
   zero-filled), A's rows zero-padded to a multiple of 32 (its ASM path asserts the output has
   such rows; zero codes add nothing) and the output sliced back: ``meta["padded"]`` says so.
 """
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, BACKEND_BPRESHUFFLE, common_why_not, runtime
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
-from tealite.ops import layouts
+from tealite.types import Op, permute_e8m0_scales, permute_weight_tiles
 
 _OUT = (torch.bfloat16, torch.float16)
 _SHUFFLE = (16, 16)
@@ -122,7 +122,7 @@ def _per_row_scales(scales: torch.Tensor, recipe, rows: int) -> torch.Tensor:
 
 
 def _shuffle_weight(w: torch.Tensor) -> torch.Tensor:
-    return layouts.shuffle_weight(w.contiguous(), _SHUFFLE, backend="torch")
+    return permute_weight_tiles(w.contiguous(), _SHUFFLE, inverse=False)
 
 
 def _x_block_scales_transposed(x_scale: torch.Tensor) -> torch.Tensor:
@@ -175,8 +175,8 @@ def _a4w4(fn, rt, a_codes, a_scales, b_codes, b_scales, m, n, out_dtype, meta):
     fp4, e8m0 = rt.dtype("fp4x2"), rt.dtype("fp8_e8m0")
     a = _pad_rows(b_codes.view(torch.uint8), m_pad).view(fp4)
     b = _shuffle_weight(a_codes.view(torch.uint8)).view(fp4)
-    a_scale = layouts.shuffle_e8m0_scales(b_scales.contiguous(), backend="torch").view(e8m0)
-    b_scale = layouts.shuffle_e8m0_scales(a_scales.contiguous(), backend="torch").view(e8m0)
+    a_scale = permute_e8m0_scales(b_scales.contiguous()).view(e8m0)
+    b_scale = permute_e8m0_scales(a_scales.contiguous()).view(e8m0)
     # Zeroed: with a tuned K split the kernels accumulate into `out` (the ASM path zeroes it
     # itself; the CK path's split-K atomics are not known to).
     out = torch.zeros((m_pad, n), dtype=out_dtype, device=b_codes.device)
@@ -203,7 +203,7 @@ def _qgemm(pre: bool, recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, 
 
 
 def _register(backend, pre: bool) -> None:
-    @backend.implements("qgemm", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+    @backend.implements(Op.QGEMM, dtypes=(torch.float32, torch.bfloat16, torch.float16),
                         check=lambda params: _why_not(params, pre),
                         numerics=lambda params: _numerics(params, pre))
     def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
@@ -223,27 +223,27 @@ _GEMM_NOTE = ("fp32 accumulation of exact FP8 products; epilogue acc * w_scale *
 _ROWWISE = ("XQ:(M,K)=tealite B K-last", "WQ:(N,K)=tealite A K-last", "x_scale:(M,1) fp32",
             "w_scale:(1,N) fp32")
 declare(Contract(
-    backend="aiter", entry_point="gemm_a8w8", op="qgemm", fp8="arch",
+    backend="aiter", entry_point="gemm_a8w8", op=Op.QGEMM, fp8="arch",
     layouts=_ROWWISE + ("bias:(N,) in the output dtype", "out:bf16|fp16"),
     notes=_GEMM_NOTE + "; splitK=0 forced (a tuned splitK>0 adds the bias 2^splitK times); "
           "bias must already be in the output dtype (the kernel checks it)"))
 declare(Contract(
-    backend="aiter", entry_point="gemm_a8w8_bpreshuffle", op="qgemm", fp8="arch",
+    backend="aiter", entry_point="gemm_a8w8_bpreshuffle", op=Op.QGEMM, fp8="arch",
     layouts=_ROWWISE + ("w:shuffle(16,16)", "out:bf16|fp16"),
     notes=_GEMM_NOTE + "; no bias"))
 declare(Contract(
-    backend="aiter", entry_point="gemm_a8w8_blockscale", op="qgemm", fp8="arch",
+    backend="aiter", entry_point="gemm_a8w8_blockscale", op=Op.QGEMM, fp8="arch",
     layouts=("XQ:(M,K)", "WQ:(N,K)", "x_scale:(M,K/128) row-major",
              "w_scale:(N/128,K/128) row-major", "out:bf16|fp16"),
     notes="per 128-long K block: partial sum x a_scale x b_scale, accumulated in fp32; "
           "A (weights) 128x128 blocks, B (activations) 1x128; no bias"))
 declare(Contract(
-    backend="aiter", entry_point="gemm_a8w8_blockscale_bpreshuffle", op="qgemm", fp8="arch",
+    backend="aiter", entry_point="gemm_a8w8_blockscale_bpreshuffle", op=Op.QGEMM, fp8="arch",
     layouts=("XQ:(M,K)", "w:shuffle(16,16)", "x_scale:(M,K/128) column-major (transposed view)",
              "w_scale:(N/128,K/128) row-major", "out:bf16|fp16"),
     notes="as gemm_a8w8_blockscale; the activation scales are read column-major"))
 declare(Contract(
-    backend="aiter", entry_point="gemm_a4w4", op="qgemm",
+    backend="aiter", entry_point="gemm_a4w4", op=Op.QGEMM,
     layouts=("A:(M_pad32,K/2) fp4x2, low nibble = even element", "B:shuffle(16,16) as bytes",
              "scales:e8m0_shuffle (M,N padded to 256, K/32 to 8)", "out:(M_pad32,N) bf16"),
     notes="gfx950 only (raises on gfx942); dispatches to CK or ASM by a tuned (cu_num,M,N,K) "

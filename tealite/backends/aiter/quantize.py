@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, common_why_not, runtime
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 from tealite.formats import ElementRounding, ScaleRounding
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op, QuantizedTensor
 
 _IN = (torch.float16, torch.bfloat16)  # AITER_DISPATCH_FLOATING16_TYPES
 # The tealite scale mode equal to per_1x32_f4_quant_hip's rule: none exists (module docstring).
@@ -121,7 +121,7 @@ def _mxfp4_rows(fn, x2: torch.Tensor):
     return y.view(torch.uint8), scale.view(torch.uint8)
 
 
-@BACKEND.implements("quantize", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+@BACKEND.implements(Op.QUANTIZE, dtypes=(torch.float32, torch.bfloat16, torch.float16),
                     check=_why_not, numerics=_numerics)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     if not (isinstance(recipe, R.MXBlockScaling) and recipe.fmt == "e2m1"):
@@ -140,25 +140,25 @@ def quantize(x, recipe, *, rowwise, columnwise, scale):
 _FP8_NOTES = ("clamp to +-fmax (v_med3) then hardware RNE cast of x * fl32(1/scale_inv); "
               "no amax output; bf16 subnormal inputs flushed (-fgpu-flush-denormals-to-zero)")
 declare(Contract(
-    backend="aiter", entry_point="dynamic_per_tensor_quant", op="quantize",
+    backend="aiter", entry_point="dynamic_per_tensor_quant", op=Op.QUANTIZE,
     family="fp8-current", fp8="arch", scale_rule=HIP_FP8_SCALE_RULE, element_rounding="rne",
     saturation="saturate", layouts=("out:(M,K) fp8", "scale:(1,) fp32 scale_inv"),
     notes=_FP8_NOTES + "; an all-zero tensor gives scale_inv 0 and codes of 0*inf; "
           "rejected by tealite (rule, amax)"))
 declare(Contract(
-    backend="aiter", entry_point="dynamic_per_token_scaled_quant", op="quantize",
+    backend="aiter", entry_point="dynamic_per_token_scaled_quant", op=Op.QUANTIZE,
     family="fp8-current", fp8="arch", scale_rule=HIP_FP8_SCALE_RULE, element_rounding="rne",
     saturation="saturate", layouts=("out:(M,K) fp8", "scales:(M,1) fp32 scale_inv"),
     notes=_FP8_NOTES + "; rows of 32/64/128 take the group kernel (amax floored at 1e-10); "
           "rejected by tealite (rule, amax)"))
 declare(Contract(
-    backend="aiter", entry_point="static_per_tensor_quant", op="quantize",
+    backend="aiter", entry_point="static_per_tensor_quant", op=Op.QUANTIZE,
     family="fp8-given", fp8="arch", scale_rule="given scale_inv, x * fl32(1/scale_inv)",
     element_rounding="rne", saturation="saturate",
     layouts=("out:(M,K) fp8", "scale:(1,) fp32 dequantization scale"),
     notes=_FP8_NOTES + "; rejected by tealite (takes scale_inv, not DelayedScaling's scale)"))
 declare(Contract(
-    backend="aiter", entry_point="per_1x32_f4_quant_hip", op="quantize", family="mxfp4",
+    backend="aiter", entry_point="per_1x32_f4_quant_hip", op=Op.QUANTIZE, family="mxfp4",
     scale_rule="e8m0-nearest-pow2(ties up)/4", element_rounding="rne", saturation="saturate",
     layouts=("out:(M,K/2) fp4x2, low nibble = even element", "scales:(M,K/32) e8m0",
              "scales:e8m0_shuffle with shuffle=True (not used)"),

@@ -1,13 +1,13 @@
 """AITER's Triton kernels as a tealite backend (``aiter_triton``).
 
 The kernels are AMD's own code (``aiter/ops/triton``), loaded by
-:mod:`tealite.backends.aiter._triton_loader`: on ROCm from the real package, elsewhere without
+:mod:`tealite.backends.aiter_common.loader`: on ROCm from the real package, elsewhere without
 ROCm (arch pinned, AMD-only launch options dropped), on an NVIDIA GPU natively or on the CPU
 in Triton's interpreter (``TRITON_INTERPRET=1``).  So CI exercises AITER's real kernel code.
 
 Nothing is imported from AITER until a kernel is first called (:func:`kernels`); the probe
 only looks for a source.  Each family module declares, per AITER entry point, the contract it
-follows (:mod:`tealite.backends.aiter.contracts`) and reports the entry point it ran in the
+follows (:mod:`tealite.backends.aiter_common.contracts`) and reports the entry point it ran in the
 case's numerics (``"entry_point"``).  An entry point that the installed AITER lacks (modules
 move between versions) makes the case unsupported with the loader's reason: never a silent
 fallback to another path (:func:`why_missing`).  Where AITER's private API drifted between
@@ -18,10 +18,14 @@ version string; a drift they cannot adapt makes the case unsupported with a reas
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import importlib
 import importlib.util
 import os
+from dataclasses import dataclass
 
-from tealite.backends.aiter import _triton_loader as loader
+from tealite.backends.aiter_common import loader
 from tealite.registry import Backend, register_backend
 
 NAME = "aiter_triton"
@@ -59,20 +63,19 @@ BACKEND = register_backend(Backend(
 # H100: docs/device-runs.md).  AITER's results on AMD imply its lowering wraps there.  Also
 # measured there: a -Inf element of an Inf block is encoded +6 (0x7), not -6 (its multiplier
 # exp2(-127) is subnormal, presumably flushed to zero, and -Inf * 0 is a positive NaN).
-# Until AITER clamps before the cast, its MXFP4 entry points are rejected on NVIDIA (tests flip
-# this switch to show both divergences as strict expected failures).
+# Until AITER clamps before the cast, its MXFP4 entry points are rejected on NVIDIA (tests lift
+# the rejection, lift_platform_rejections, to show both divergences as strict expected failures).
 NVIDIA_MXFP4_SCALE_CAST = (
     "AITER's MXFP4 quantizer converts a negative float exponent to uint8 "
     "(.to(tl.uint8), undefined in LLVM): NVIDIA saturates it to 0, giving scale byte 127 for "
     "every block with amax < 4 (it wraps under AMD's lowering and in the interpreter); -Inf "
     "in an Inf block also comes out +6 there")
-REJECT_MXFP4_ON_NVIDIA = True
 
 
 def mxfp4_platform_reason() -> str | None:
     """Why AITER's MXFP4 quantizers cannot run correctly here (None: they can)."""
     import torch
-    if INTERPRET or torch.version.hip is not None or not REJECT_MXFP4_ON_NVIDIA:
+    if INTERPRET or torch.version.hip is not None or not _REJECTING.get().mxfp4_on_nvidia:
         return None
     return NVIDIA_MXFP4_SCALE_CAST
 
@@ -86,8 +89,37 @@ INTERPRETER_FP8_CAST = (
     "into the next binade collapse, NaN becomes a finite code; NUMERICS.md) and AITER's FP8 "
     "kernels cast with .to(): their codes here would be the interpreter's, not AITER's "
     "(strict xfails with the proof in tests/test_aiter_quantize.py and test_aiter_fused.py)")
-# Tests (and the gate's probes) switch this off to run the FP8 entry points in the interpreter.
-REJECT_FP8_IN_INTERPRETER = True
+
+
+@dataclass(frozen=True)
+class PlatformRejections:
+    """Which known platform divergences make a case unsupported (each True by default)."""
+
+    fp8_in_interpreter: bool = True   # INTERPRETER_FP8_CAST
+    mxfp4_on_nvidia: bool = True      # NVIDIA_MXFP4_SCALE_CAST
+
+
+# A context variable, not a module global: lifting a rejection is scoped to a block (and to the
+# thread running it), so a test or a gate probe cannot leak it into later cases.
+_REJECTING: contextvars.ContextVar[PlatformRejections] = contextvars.ContextVar(
+    "aiter_triton_platform_rejections", default=PlatformRejections())
+
+
+@contextlib.contextmanager
+def lift_platform_rejections(*, fp8_in_interpreter: bool = False,
+                             mxfp4_on_nvidia: bool = False):
+    """Inside the block, the named rejections are lifted (the others stay as they are): the
+    entry points run and their platform's codes are judged.  For the tests that show each
+    divergence as a strict expected failure and for the gate's probes, which record what
+    runs; never for verdicts."""
+    now = _REJECTING.get()
+    token = _REJECTING.set(PlatformRejections(
+        fp8_in_interpreter=now.fp8_in_interpreter and not fp8_in_interpreter,
+        mxfp4_on_nvidia=now.mxfp4_on_nvidia and not mxfp4_on_nvidia))
+    try:
+        yield
+    finally:
+        _REJECTING.reset(token)
 
 
 def fp32_div_ulps() -> int:
@@ -96,7 +128,7 @@ def fp32_div_ulps() -> int:
 
 def fp8_platform_reason() -> str | None:
     """Why AITER's FP8-casting kernels cannot be judged here (None: they can)."""
-    return INTERPRETER_FP8_CAST if INTERPRET and REJECT_FP8_IN_INTERPRETER else None
+    return INTERPRETER_FP8_CAST if INTERPRET and _REJECTING.get().fp8_in_interpreter else None
 
 
 def kernels() -> loader.AiterTriton:
@@ -122,10 +154,10 @@ def why_missing(*entry_points: str) -> str | None:
         f"AITER {at.version or '(unknown version)'} lacks " + "; ".join(gone)
 
 
+# Every family module registers its implementations on BACKEND when imported.  They are
+# imported by name, as the registry imports the backends: the package never imports its
+# families statically, so they may import it (BACKEND, platform facts) without a circle.
+FAMILIES = ("fused", "gemm", "norms", "qgemm", "quantize")
 if HAVE_TRITON:
-    # Every public module of this package registers its implementations on import.
-    import importlib as _importlib
-    import pkgutil as _pkgutil
-    for _mod in _pkgutil.iter_modules(__path__):
-        if not _mod.name.startswith("_"):
-            _importlib.import_module(f"{__name__}.{_mod.name}")
+    for _family in FAMILIES:
+        importlib.import_module(f"{__name__}.{_family}")

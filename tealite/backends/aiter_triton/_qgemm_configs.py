@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from tealite.backends.aiter._kernel_facts import find_kernel, first_launch, masked_loads
+from tealite.backends.aiter_common.kernel_facts import find_kernel, first_launch, masked_loads
 from tealite.backends.aiter_triton import DEVICES, kernels
 from tealite.backends.aiter_triton.gemm import accepts, aiter_config, aiter_module
-from tealite.ops import layouts
+from tealite.types import permute_e8m0_scales
 
 A8W8 = "gemm_a8w8"
 A8W8_PER_TOKEN = "gemm_a8w8_per_token_scale"
@@ -195,5 +195,5 @@ def _fp4_even_k(cfg: dict, k: int) -> bool:
 
 
 def _shuffled_scales(scales: torch.Tensor) -> torch.Tensor:
-    s = layouts.shuffle_e8m0_scales(scales.contiguous(), backend="torch")
+    s = permute_e8m0_scales(scales.contiguous())
     return s.view(s.shape[0] // 32, s.shape[1] * 32)

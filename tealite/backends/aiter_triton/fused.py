@@ -49,13 +49,13 @@ import math
 
 import torch
 
-from tealite import recipes as R
-from tealite.backends.aiter.contracts import Contract, declare
+import tealite.recipes as R
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason, rows_2d
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 RMS_DYN = "rmsnorm2d_fwd_with_dynamicquant"
@@ -75,37 +75,37 @@ _ROW_NOTES = ("scale_inv = amax / max (Triton '/', approximate on CUDA), codes =
 _MX_NOTES = ("EVEN scales (amax rounded at E2M1's mantissa, then floor), ties-away elements, "
              "NaN left out of the block amax; y in fp32 straight from the norm / activation")
 _CONTRACT_ARGS = {
-    RMS_DYN: dict(op="rmsnorm_fwd_quantize", family="fp8-current", fp8="arch",
+    RMS_DYN: dict(op=Op.RMSNORM_FWD_QUANTIZE, family="fp8-current", fp8="arch",
                   scale_rule="amax/fmax", element_rounding="cast", saturation="cast",
                   layouts=("x:(M,N)", "out:(M,N) fp8, caller's dtype", "yscale:(M,) fp32"),
                   notes=_ROW_NOTES + "scale_inv 1 where amax / max is 0; no rsigma, no amax",
                   extra={"zero_amax": "scale_inv 1", "outputs_missing": "rsigma, amax"}),
-    LN_DYN: dict(op="layernorm_fwd_quantize", family="fp8-current", fp8="arch",
+    LN_DYN: dict(op=Op.LAYERNORM_FWD_QUANTIZE, family="fp8-current", fp8="arch",
                  scale_rule="amax/fmax", element_rounding="cast", saturation="cast",
                  layouts=("x:(M,N)", "out:(M,N) fp8, caller's dtype", "yscale:(M,) fp32"),
                  notes=_ROW_NOTES + "scale_inv 1 where amax / max is 0; no mean / rsigma, no "
                                     "amax",
                  extra={"zero_amax": "scale_inv 1", "outputs_missing": "mean, rsigma, amax"}),
-    RMS_STATIC: dict(op="rmsnorm_fwd_quantize", family="fp8-given", fp8="arch",
+    RMS_STATIC: dict(op=Op.RMSNORM_FWD_QUANTIZE, family="fp8-given", fp8="arch",
                      scale_rule="given scale_inv, y * fl32(1/scale_inv)",
                      element_rounding="cast", saturation="saturate",
                      layouts=("x:(M,N)", "scale:(1,) dequantization scale (TE's scale_inv)"),
                      notes="clamp to +-max, then .to(fp8); the adapter passes fl32(1/scale); "
                            "no rsigma, no amax",
                      extra={"outputs_missing": "rsigma, amax"}),
-    RMS_MXFP4: dict(op="rmsnorm_fwd_quantize", family="mxfp4", scale_rule="e8m0-even",
+    RMS_MXFP4: dict(op=Op.RMSNORM_FWD_QUANTIZE, family="mxfp4", scale_rule="e8m0-even",
                     element_rounding="ties-away", saturation="saturate",
                     layouts=("x:(M,N) N%32", "codes:(M,N/2) low nibble = even element",
                              "scales:(M,N/32) unshuffled"),
                     notes=_MX_NOTES + "; no rsigma",
                     extra={"nonfinite": "ignore-nan", "outputs_missing": "rsigma"}),
-    ACT_MXFP4: dict(op="act_fwd_quantize", family="mxfp4", scale_rule="e8m0-even",
+    ACT_MXFP4: dict(op=Op.ACT_FWD_QUANTIZE, family="mxfp4", scale_rule="e8m0-even",
                     element_rounding="ties-away", saturation="saturate",
                     layouts=("x:(M,2N) [act|gate]", "codes:(M,N/2) low nibble = even element",
                              "scales:(M,N/32) unshuffled"),
                     notes=_MX_NOTES + "; silu / gelu (erf) / relu gated kinds only",
                     extra={"nonfinite": "ignore-nan"}),
-    ACT_FP8: dict(op="act_fwd_quantize", family="fp8-current", fp8="arch",
+    ACT_FP8: dict(op=Op.ACT_FWD_QUANTIZE, family="fp8-current", fp8="arch",
                   scale_rule="amax/fmax", element_rounding="cast", saturation="saturate",
                   layouts=("x:(M,2N) [act|gate]", "group_size = N (one group per row, a "
                            "power of two)", "scales:(M,1) fp32"),
@@ -149,21 +149,21 @@ def _row_route(recipe, entry: str | None) -> tuple[str | None, str | None]:
 def route(op: str, recipe, *, kind: str | None = None,
           n_out: int = 0) -> tuple[str | None, str | None]:
     """(AITER entry point for the case, None) or (None, why none follows it)."""
-    if op == "act_fwd_quantize" and kind not in ACTIVATIONS:
+    if op == Op.ACT_FWD_QUANTIZE and kind not in ACTIVATIONS:
         return None, (f"AITER fuses quantization only after the gated activations "
                       f"{sorted(ACTIVATIONS)} (act_mul_and_*), not {kind}")
     if isinstance(recipe, R.MXBlockScaling):
-        return _mx_route(recipe, {"rmsnorm_fwd_quantize": RMS_MXFP4,
-                                  "act_fwd_quantize": ACT_MXFP4}.get(op))
+        return _mx_route(recipe, {Op.RMSNORM_FWD_QUANTIZE: RMS_MXFP4,
+                                  Op.ACT_FWD_QUANTIZE: ACT_MXFP4}.get(op))
     if isinstance(recipe, R.Float8CurrentScaling):
-        entry = {"rmsnorm_fwd_quantize": RMS_DYN, "layernorm_fwd_quantize": LN_DYN,
-                 "act_fwd_quantize": ACT_FP8}[op]
+        entry = {Op.RMSNORM_FWD_QUANTIZE: RMS_DYN, Op.LAYERNORM_FWD_QUANTIZE: LN_DYN,
+                 Op.ACT_FWD_QUANTIZE: ACT_FP8}[op]
         if entry == ACT_FP8 and (n_out & (n_out - 1) or n_out == 0):
             return None, (f"{ACT_FP8} is used with one quantization group per row, whose size "
                           f"(the output width {n_out}) must be a power of two")
         return _row_route(recipe, entry)
     if isinstance(recipe, R.DelayedScaling):
-        if op != "rmsnorm_fwd_quantize":
+        if op != Op.RMSNORM_FWD_QUANTIZE:
             return None, "AITER has no fused given-scale FP8 kernel for this op"
         if recipe.saturation is not Saturation.SATURATE:
             return None, f"{RMS_STATIC} clamps to +-max (saturates), the recipe asks nonfinite"
@@ -265,27 +265,27 @@ def _norm_quantize(op, x, gamma, beta, recipe, eps, scale) -> QuantizedTensor:
     return _quantized(recipe, rows, n, out, yscale)
 
 
-@BACKEND.implements("rmsnorm_fwd_quantize", dtypes=_FLOATS, devices=DEVICES,
-                    check=_check_for("rmsnorm_fwd_quantize"),
-                    numerics=_numerics_for("rmsnorm_fwd_quantize"))
+@BACKEND.implements(Op.RMSNORM_FWD_QUANTIZE, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(Op.RMSNORM_FWD_QUANTIZE),
+                    numerics=_numerics_for(Op.RMSNORM_FWD_QUANTIZE))
 def rmsnorm_fwd_quantize(x, gamma, recipe, *, eps, zero_centered_gamma, scale):
-    return _norm_quantize("rmsnorm_fwd_quantize", x, gamma, None, recipe, eps, scale), None
+    return _norm_quantize(Op.RMSNORM_FWD_QUANTIZE, x, gamma, None, recipe, eps, scale), None
 
 
-@BACKEND.implements("layernorm_fwd_quantize", dtypes=_FLOATS, devices=DEVICES,
-                    check=_check_for("layernorm_fwd_quantize"),
-                    numerics=_numerics_for("layernorm_fwd_quantize"))
+@BACKEND.implements(Op.LAYERNORM_FWD_QUANTIZE, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(Op.LAYERNORM_FWD_QUANTIZE),
+                    numerics=_numerics_for(Op.LAYERNORM_FWD_QUANTIZE))
 def layernorm_fwd_quantize(x, gamma, beta, recipe, *, eps, zero_centered_gamma, scale):
-    q = _norm_quantize("layernorm_fwd_quantize", x, gamma, beta, recipe, eps, scale)
+    q = _norm_quantize(Op.LAYERNORM_FWD_QUANTIZE, x, gamma, beta, recipe, eps, scale)
     return q, None, None
 
 
-@BACKEND.implements("act_fwd_quantize", dtypes=_FLOATS, devices=DEVICES,
-                    check=_check_for("act_fwd_quantize"),
-                    numerics=_numerics_for("act_fwd_quantize"))
+@BACKEND.implements(Op.ACT_FWD_QUANTIZE, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(Op.ACT_FWD_QUANTIZE),
+                    numerics=_numerics_for(Op.ACT_FWD_QUANTIZE))
 def act_fwd_quantize(x, recipe, *, kind, scale):
     n = x.shape[-1] // 2
-    entry, _ = route("act_fwd_quantize", recipe, kind=kind, n_out=n)
+    entry, _ = route(Op.ACT_FWD_QUANTIZE, recipe, kind=kind, n_out=n)
     x2 = _as_loaded(rows_2d(x), entry)
     rows = math.prod(x.shape[:-1])
     if entry == ACT_MXFP4:

@@ -36,9 +36,10 @@ import inspect
 
 import torch
 
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.errors import UnsupportedCase
+from tealite.types import Op
 
 ENTRY = "gemm_a16w16"
 _INPUTS = (torch.bfloat16, torch.float16)  # a16w16: 16-bit inputs (fp32 rejected by dtypes=)
@@ -202,7 +203,7 @@ def _numerics(params) -> dict:
 
 
 CONTRACT = declare(Contract(
-    backend=BACKEND.name, entry_point=ENTRY, op="gemm",
+    backend=BACKEND.name, entry_point=ENTRY, op=Op.GEMM,
     layouts=("x:(M,K) = op_B(B) as a strided view (B, or B.T for layout ?T)",
              "w:(N,K) = op_A(A) transposed, a strided view (A for T?, A.T for N?)",
              "y:(M,N) row-major or out=", "bias:(N,) contiguous, input dtype"),
@@ -212,7 +213,7 @@ CONTRACT = declare(Contract(
     extra={"accumulate": "fp32", "bias": "accumulator seed", "split_k_partials": "fp32"}))
 
 
-@BACKEND.implements("gemm", dtypes=_INPUTS, devices=DEVICES, layouts=("TN", "NN", "NT", "TT"),
+@BACKEND.implements(Op.GEMM, dtypes=_INPUTS, devices=DEVICES, layouts=("TN", "NN", "NT", "TT"),
                     check=_why_not, numerics=_numerics)
 def gemm(a, b, *, layout, out_dtype, bias, gelu, out, alpha, beta):
     del gelu, alpha, beta  # rejected by _why_not unless neutral

@@ -44,19 +44,20 @@ from __future__ import annotations
 
 import torch
 
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, why_missing
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NOTES = ("fp32 math; rsigma = tl.rsqrt(sum/N + eps) (approximate rsqrt and division on "
           "CUDA); no zero-centered gamma")
 
 ENTRY_POINTS = {
-    "rmsnorm_fwd": "_rmsnorm_forward",
-    "rmsnorm_bwd": "_rmsnorm_backward",
-    "layernorm_fwd": "_layernorm_forward",
-    "layernorm_bwd": "_layernorm_backward",
+    Op.RMSNORM_FWD: "_rmsnorm_forward",
+    Op.RMSNORM_BWD: "_rmsnorm_backward",
+    Op.LAYERNORM_FWD: "_layernorm_forward",
+    Op.LAYERNORM_BWD: "_layernorm_backward",
 }
 
 for _op, _entry in ENTRY_POINTS.items():
@@ -83,10 +84,10 @@ def _check_for(op: str):
         why = interpreter_bf16_reason(params["dtype"])
         if why is not None:
             return why
-        if op == "layernorm_bwd" and params["rows"] == 0:
+        if op == Op.LAYERNORM_BWD and params["rows"] == 0:
             return ("AITER's _layernorm_backward cannot run with no rows (its dgamma/dbeta "
                     "reduction tile is next_power_of_2(0) = 0 rows: Triton rejects the shape)")
-        if op == "rmsnorm_bwd" and params["hidden"] == 1 and params["rows"] != 1:
+        if op == Op.RMSNORM_BWD and params["hidden"] == 1 and params["rows"] != 1:
             return ("AITER 0.1.7 bug: _rmsnorm_backward with N == 1 skips its dgamma reduction "
                     "(each program writes its partial at dgamma[program], past the 1-element "
                     "dgamma; with no rows dgamma is never written)")
@@ -115,23 +116,23 @@ def _kernels():
     return kernels()
 
 
-@BACKEND.implements("rmsnorm_fwd", dtypes=_FLOATS, devices=DEVICES,
-                    check=_check_for("rmsnorm_fwd"), numerics=_numerics("rmsnorm_fwd"))
+@BACKEND.implements(Op.RMSNORM_FWD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(Op.RMSNORM_FWD), numerics=_numerics(Op.RMSNORM_FWD))
 def rmsnorm_fwd(x, gamma, *, eps, zero_centered_gamma):
     y, rsigma = _kernels()._rmsnorm_forward(rows_2d(x), gamma.contiguous(), eps)
     return y.reshape(x.shape), rsigma.reshape(x.shape[:-1])
 
 
-@BACKEND.implements("rmsnorm_bwd", dtypes=_FLOATS, devices=DEVICES,
-                    check=_check_for("rmsnorm_bwd"), numerics=_numerics("rmsnorm_bwd"))
+@BACKEND.implements(Op.RMSNORM_BWD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(Op.RMSNORM_BWD), numerics=_numerics(Op.RMSNORM_BWD))
 def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma):
     dx, dgamma = _kernels()._rmsnorm_backward(rows_2d(dy), rows_2d(x), gamma.contiguous(),
                                              rsigma.contiguous().reshape(-1))
     return dx.reshape(x.shape), dgamma
 
 
-@BACKEND.implements("layernorm_fwd", dtypes=_FLOATS, devices=DEVICES,
-                    check=_check_for("layernorm_fwd"), numerics=_numerics("layernorm_fwd"))
+@BACKEND.implements(Op.LAYERNORM_FWD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(Op.LAYERNORM_FWD), numerics=_numerics(Op.LAYERNORM_FWD))
 def layernorm_fwd(x, gamma, beta, *, eps, zero_centered_gamma):
     x2 = rows_2d(x)
     y = torch.empty_like(x2)
@@ -142,8 +143,8 @@ def layernorm_fwd(x, gamma, beta, *, eps, zero_centered_gamma):
     return y.reshape(x.shape), mean.reshape(stats), rstd.reshape(stats)
 
 
-@BACKEND.implements("layernorm_bwd", dtypes=_FLOATS, devices=DEVICES,
-                    check=_check_for("layernorm_bwd"), numerics=_numerics("layernorm_bwd"))
+@BACKEND.implements(Op.LAYERNORM_BWD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(Op.LAYERNORM_BWD), numerics=_numerics(Op.LAYERNORM_BWD))
 def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma):
     dy2 = rows_2d(dy)
     dx = torch.empty_like(dy2)

@@ -21,7 +21,7 @@ installed AITER has: a missing entry point rejects the case with the loader's re
   of :data:`MXFP4_PREFERENCE` whose shape rule holds -- ``gemm_afp4wfp4_preshuffled_weight_scales``
   (N % 32 == 0, K % 256 == 0: AITER's own test conditions), ``gemm_afp4wfp4_preshuffled_scales``
   (M >= 32, K % 256 == 0), else ``gemm_afp4wfp4``.  The preshuffled layouts are produced from
-  tealite's plain operands by tealite.ops.layouts (torch backend): ``shuffle_e8m0_scales``
+  tealite's plain operands by tealite.types' permutations: ``shuffle_e8m0_scales``
   (AITER's e8m0_shuffle, padded to 256 rows x 8 columns) viewed as (rows/32, columns*32) for w
   and, when the kernel's BLOCK_SIZE_M >= 32 (its own switch), for x; ``shuffle_weight(w,
   (16, 16))`` on the packed bytes viewed as (N/16, K/2*16).
@@ -78,10 +78,10 @@ import math
 import torch
 import triton
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite._checks import require
 from tealite.errors import UnsupportedCase
-from tealite.backends.aiter.contracts import Contract, declare
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.backends.aiter_triton.gemm import (INTERPRETER_BF16_STORE, TENSOR_CORE_U, accepts,
                                                 aiter_module, config_or_reason, nvidia,
@@ -91,8 +91,8 @@ from tealite.backends.aiter_triton._qgemm_configs import (
     FP4, FP4_SHUFFLED_SCALES, FP4_SHUFFLED_WEIGHT, MXFP4_PREFERENCE, _caps, _config,
     _config_args, _fp4_even_k, _ragged_k_safe, _shuffled_scales, effective_config)
 from tealite.formats import get_format
-from tealite.ops import layouts
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.types import Op, permute_weight_tiles
 
 _OUT = (torch.float32, torch.bfloat16, torch.float16)
 # Hopper FP8 MMA: products cut toward zero at 2^(E - 13), subnormal codes aligned at the
@@ -267,7 +267,7 @@ def _numerics(p) -> dict:
 
 _FP8_NOTES = "scales are dequantization multipliers (scale_inv); codes are not re-rounded"
 CONTRACTS = {c.entry_point: declare(c) for c in (
-    Contract(BACKEND.name, A8W8, "qgemm", fp8="arch", scale_rule="given",
+    Contract(BACKEND.name, A8W8, Op.QGEMM, fp8="arch", scale_rule="given",
              layouts=("x:(M,K) fp8 = B codes K-last", "w:(N,K) fp8 = A codes K-last",
                       "x_scale:(M,1) fp32 (per-tensor materialized)",
                       "w_scale:(1,N) fp32 (per-tensor materialized)", "bias:(N,) fp32"),
@@ -278,14 +278,14 @@ CONTRACTS = {c.entry_point: declare(c) for c in (
              extra={"accumulate": "fp32 over K (NVIDIA: FP8 WGMMA ~14 bits)",
                     "bias_rounding": "accumulator rounded to bias dtype",
                     "oob_read": "scale and bias vectors, last tile"}),
-    Contract(BACKEND.name, A8W8_PER_TOKEN, "qgemm", fp8="arch", scale_rule="given",
+    Contract(BACKEND.name, A8W8_PER_TOKEN, Op.QGEMM, fp8="arch", scale_rule="given",
              layouts=("x:(M,K) fp8 = B codes K-last", "w:(N,K) fp8 = A codes K-last",
                       "x_scale:(M,1) fp32", "w_scale:(N,1) fp32 (read through w_scale.T)"),
              notes=(f"{_FP8_NOTES}; no bias; split-K scales each fp32 partial before the reduce; "
                     "the wrapper writes its BLOCK_SIZE_K adjustment into _get_config's cached "
                     "dict (a copy is passed here)"),
              extra={"accumulate": "fp32 over K or per split"}),
-    Contract(BACKEND.name, A8W8_BLOCK, "qgemm", fp8="arch", scale_rule="given",
+    Contract(BACKEND.name, A8W8_BLOCK, Op.QGEMM, fp8="arch", scale_rule="given",
              layouts=("x:(M,K) fp8 = B codes K-last", "w:(N,K) fp8 = A codes K-last",
                       "x_scale:(M,ceil(K/128)) fp32 (1x128)",
                       "w_scale:(ceil(N/128),ceil(K/128)) fp32 (128x128) or (N,ceil(K/128)) (1x128)"),
@@ -293,7 +293,7 @@ CONTRACTS = {c.entry_point: declare(c) for c in (
                     "fp32; asserts BLOCK_SIZE_K == scale block; mutates _get_config's cached "
                     "dict (a copy is passed here)"),
              extra={"accumulate": "fp32 of scaled 128-long block partials"}),
-    Contract(BACKEND.name, FP4, "qgemm", scale_rule="given",
+    Contract(BACKEND.name, FP4, Op.QGEMM, scale_rule="given",
              layouts=("x:(M,K/2) uint8 packed e2m1, even element in the low nibble",
                       "w:(N,K/2) uint8 packed e2m1", "x_scales:(M,K/32) uint8 e8m0",
                       "w_scales:(N,K/32) uint8 e8m0"),
@@ -301,14 +301,14 @@ CONTRACTS = {c.entry_point: declare(c) for c in (
                     "whole K steps); split-K partials fp32 (bf16 after "
                     "set_use_gemm_splitk_bf16(True))"),
              extra={"accumulate": "fp32", "oob_read": "scales past K/32 when not EVEN_K"}),
-    Contract(BACKEND.name, FP4_SHUFFLED_SCALES, "qgemm", scale_rule="given",
+    Contract(BACKEND.name, FP4_SHUFFLED_SCALES, Op.QGEMM, scale_rule="given",
              layouts=("x:(M,K/2) uint8 packed e2m1", "w:(N,K/2) uint8 packed e2m1",
                       "x_scales: e8m0_shuffle(M,K/32) viewed (M'/32, K'/32*32) when "
                       "BLOCK_SIZE_M >= 32 (M', K'/32 padded to 256, 8), else plain (M,K/32)",
                       "w_scales: e8m0_shuffle(N,K/32) viewed (N'/32, K'/32*32)"),
              notes="as gemm_afp4wfp4; asserts M >= 32; K steps of >= 256 (whole shuffle groups)",
              extra={"accumulate": "fp32"}),
-    Contract(BACKEND.name, FP4_SHUFFLED_WEIGHT, "qgemm", scale_rule="given",
+    Contract(BACKEND.name, FP4_SHUFFLED_WEIGHT, Op.QGEMM, scale_rule="given",
              layouts=("x:(M,K/2) uint8 packed e2m1",
                       "w: shuffle_weight(w bytes (N,K/2), (16,16)) viewed (N/16, K/2*16)",
                       "x_scales: e8m0_shuffle viewed (M'/32, K'/32*32) when BLOCK_SIZE_M >= 32 "
@@ -357,7 +357,7 @@ def _e8m0(scales: torch.Tensor, rows: int, k: int, name: str) -> torch.Tensor:
 
 
 def _shuffled_weight(codes: torch.Tensor, n: int, block_n: int) -> torch.Tensor:
-    w = layouts.shuffle_weight(codes.contiguous(), (16, 16), backend="torch")
+    w = permute_weight_tiles(codes.contiguous(), (16, 16), inverse=False)
     groups = n // _WEIGHT_TILE_N
     padded = triton.cdiv(n, block_n) * block_n // _WEIGHT_TILE_N
     buf = torch.zeros((max(padded, groups), w.shape[1] * _WEIGHT_TILE_N), dtype=torch.uint8,
@@ -421,7 +421,7 @@ def _run_mxfp4(entry, fn, cfg, a, sa, b, sb, m, n, k, out_dtype):
               config=cfg, **aot)
 
 
-@BACKEND.implements("qgemm", dtypes=_OUT, devices=DEVICES, check=_why_not, numerics=_numerics)
+@BACKEND.implements(Op.QGEMM, dtypes=_OUT, devices=DEVICES, check=_why_not, numerics=_numerics)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):
     kind = "mx" if isinstance(recipe_a, R.MXBlockScaling) else \

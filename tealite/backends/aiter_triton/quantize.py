@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
-from tealite.backends.aiter.contracts import Contract, declare
+import tealite.recipes as R
+from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
 from tealite.formats import ElementRounding, FP8ScaleRule, ScaleRounding
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 PER_TENSOR = "dynamic_per_tensor_quant_fp8_i8"
@@ -73,7 +73,7 @@ _FP8_NOTES = ("amax ignores NaN (tl.max is maxnum; a row of only NaN gives NaN);
 
 _CONTRACTS = {
     PER_TENSOR: declare(Contract(
-        backend=NAME, entry_point=PER_TENSOR, op="quantize", family="fp8-current", fp8="arch",
+        backend=NAME, entry_point=PER_TENSOR, op=Op.QUANTIZE, family="fp8-current", fp8="arch",
         scale_rule="amax/fmax", element_rounding="cast", saturation="cast",
         layouts=("x:(M,K) unit column stride", "qx:(M,K) caller-allocated",
                  "scale_out:(1,) zero-initialised, atomic max"),
@@ -81,7 +81,7 @@ _CONTRACTS = {
         extra={"amax_output": "none", "amax_nan": "ignored", "zero_amax": "nan codes",
                "fp32_div": "triton '/'"})),
     PER_TOKEN: declare(Contract(
-        backend=NAME, entry_point=PER_TOKEN, op="quantize", family="fp8-current", fp8="arch",
+        backend=NAME, entry_point=PER_TOKEN, op=Op.QUANTIZE, family="fp8-current", fp8="arch",
         scale_rule="amax/fmax", element_rounding="cast", saturation="cast",
         layouts=("x:(M,K) unit column stride", "qx:(M,K) caller-allocated",
                  "scale_out:(M,)"),
@@ -89,7 +89,7 @@ _CONTRACTS = {
         extra={"amax_output": "none", "amax_nan": "ignored", "zero_amax": "nan codes",
                "fp32_div": "triton '/'"})),
     STATIC: declare(Contract(
-        backend=NAME, entry_point=STATIC, op="quantize", family="fp8-given", fp8="arch",
+        backend=NAME, entry_point=STATIC, op=Op.QUANTIZE, family="fp8-given", fp8="arch",
         scale_rule="given-scale_inv", element_rounding="cast", saturation="cast",
         layouts=("x:(M,K) unit column stride", "scale_in:(1,) dequantization scale"),
         notes="codes = cast(x * (1 / scale_in)): scale_in is TE's scale_inv, not TE's scale; "
@@ -97,7 +97,7 @@ _CONTRACTS = {
               "produce",
         extra={"wired": False, "amax_output": "none"})),
     MXFP4: declare(Contract(
-        backend=NAME, entry_point=MXFP4, op="quantize", family="mxfp4", fp8=None,
+        backend=NAME, entry_point=MXFP4, op=Op.QUANTIZE, family="mxfp4", fp8=None,
         scale_rule="e8m0-even", element_rounding="ties-away", saturation="saturate",
         layouts=("x:(M,K) K%32", "codes:(M,K/2) low nibble = even element",
                  "scales:(M,K/32) view of a (K/32,M) buffer"),
@@ -112,7 +112,8 @@ def contracts() -> dict[str, Contract]:
     return dict(_CONTRACTS)
 
 
-def _fp8_name(at) -> str:
+def fp8_name(at) -> str:
+    """tealite's name of the E4M3 format the loaded AITER's FP8 kernels take."""
     return "e4m3fnuz" if at.fp8_dtype == torch.float8_e4m3fnuz else "e4m3"
 
 
@@ -159,7 +160,7 @@ def _why_not(params) -> str | None:
         if m == 0:
             return f"{MXFP4} cannot take M = 0 (its launch divides by next_power_of_2(M) = 0)"
         return aiter_triton.mxfp4_platform_reason()
-    fmt = _fp8_name(kernels())
+    fmt = fp8_name(kernels())
     if params["fmt"] != fmt:
         return (f"{ep} of this AITER ({kernels().arch}) writes {fmt}, not {params['fmt']} "
                 "(FNUZ on gfx942, OCP on gfx950)")
@@ -198,7 +199,7 @@ def _mxfp4(x: torch.Tensor, recipe) -> QuantizedTensor:
                            scale_inv=scales.contiguous())
 
 
-@BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not,
+@BACKEND.implements(Op.QUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not,
                     numerics=_numerics)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     ep, why = entry_point(recipe)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.scaled_mm import BACKEND, probes
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.types import Op
 
 _ALIGN = 16
 FP8_MMA_UNIT_ROUNDOFF = 2.0 ** -13  # Hopper FP8 tensor cores: see _numerics
@@ -79,7 +80,7 @@ def _scale(scales: torch.Tensor, recipe, rows: int, as_column: bool) -> torch.Te
     return (s.reshape(rows, 1) if as_column else s.reshape(1, rows)).contiguous()
 
 
-@BACKEND.implements("qgemm", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+@BACKEND.implements(Op.QGEMM, dtypes=(torch.float32, torch.bfloat16, torch.float16),
                     check=_why_not, numerics=_numerics)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):

@@ -1,7 +1,6 @@
-"""PyTorch fallback backend: every op in working precision (fp32 internal math), CPU and GPU.
+"""PyTorch fallback backend: every op in working precision (fp32 internal math), CPU and GPU."""
+import importlib
 
-Each family module registers its implementations on ``BACKEND`` when imported.
-"""
 from tealite.registry import Backend, register_backend
 
 BACKEND = register_backend(Backend(
@@ -9,5 +8,9 @@ BACKEND = register_backend(Backend(
     description="PyTorch reference-quality fallback: fp32 internal math, any device torch runs on",
 ))
 
-from tealite.backends.torch import activations, gemm, layouts, norms, qgemm, quantize  # noqa: E402,F401,I001
-from tealite.backends.torch import fused  # noqa: E402,F401  (after norms, activations, quantize)
+# Every family module registers its implementations on BACKEND when imported.  They are
+# imported by name, as the registry imports the backends: the package never imports its
+# families statically, so they may import it (BACKEND, platform facts) without a circle.
+FAMILIES = ("activations", "gemm", "layouts", "norms", "qgemm", "quantize", "fused")
+for _family in FAMILIES:
+    importlib.import_module(f"{__name__}.{_family}")

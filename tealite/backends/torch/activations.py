@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tealite.backends.torch import BACKEND
-from tealite.ops.activations import GATED
+from tealite.types import GATED, Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}
@@ -28,7 +28,7 @@ def _apply(x32: torch.Tensor, kind: str) -> torch.Tensor:
     return _POINTWISE_FP32[kind](x32)
 
 
-@BACKEND.implements("act_fwd", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.ACT_FWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def act_fwd(x, *, kind):
     return _apply(x.float(), kind).to(x.dtype)
 
@@ -40,12 +40,12 @@ def _grad_fp32(dy, x, kind) -> torch.Tensor:
     return dx
 
 
-@BACKEND.implements("act_bwd", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.ACT_BWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def act_bwd(dy, x, *, kind):
     return _grad_fp32(dy, x, kind).to(x.dtype)
 
 
-@BACKEND.implements("dbias_dact", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.DBIAS_DACT, dtypes=_FLOATS, numerics=_NUMERICS)
 def dbias_dact(dy, x, *, kind):
     dx32 = _grad_fp32(dy, x, kind)
     dbias = dx32.reshape(-1, dx32.shape[-1]).sum(dim=0)

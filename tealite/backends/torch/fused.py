@@ -16,6 +16,7 @@ from tealite.backends.torch import BACKEND
 from tealite.backends.torch import activations as _acts
 from tealite.backends.torch import norms as _norms
 from tealite.backends.torch import quantize as _quant
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}
@@ -27,21 +28,21 @@ def _quantize_rows_fp32(y32: torch.Tensor, recipe, scale):
     return _quant.quantize(y2.contiguous(), recipe, rowwise=True, columnwise=False, scale=scale)
 
 
-@BACKEND.implements("layernorm_fwd_quantize", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.LAYERNORM_FWD_QUANTIZE, dtypes=_FLOATS, numerics=_NUMERICS)
 def layernorm_fwd_quantize(x, gamma, beta, recipe, *, eps, zero_centered_gamma, scale):
     y32, mean, rsigma = _norms.layernorm_fwd(x.float(), gamma.float(), beta.float(), eps=eps,
                                              zero_centered_gamma=zero_centered_gamma)
     return _quantize_rows_fp32(y32, recipe, scale), mean, rsigma
 
 
-@BACKEND.implements("rmsnorm_fwd_quantize", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.RMSNORM_FWD_QUANTIZE, dtypes=_FLOATS, numerics=_NUMERICS)
 def rmsnorm_fwd_quantize(x, gamma, recipe, *, eps, zero_centered_gamma, scale):
     y32, rsigma = _norms.rmsnorm_fwd(x.float(), gamma.float(), eps=eps,
                                      zero_centered_gamma=zero_centered_gamma)
     return _quantize_rows_fp32(y32, recipe, scale), rsigma
 
 
-@BACKEND.implements("act_fwd_quantize", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.ACT_FWD_QUANTIZE, dtypes=_FLOATS, numerics=_NUMERICS)
 def act_fwd_quantize(x, recipe, *, kind, scale):
     y32 = _acts.act_fwd(x.float(), kind=kind)
     return _quantize_rows_fp32(y32, recipe, scale)

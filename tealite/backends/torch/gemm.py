@@ -5,6 +5,7 @@ import torch
 
 from tealite.backends.torch import BACKEND
 from tealite.backends.torch.probes import matmul_flushes_subnormal_inputs
+from tealite.types import Op
 
 
 def _numerics(params) -> dict:
@@ -39,7 +40,7 @@ def _single_rounding(bias, gelu, alpha, beta, same_dtype) -> bool:
     return not bias and not gelu and alpha == 1.0 and beta == 0.0 and same_dtype
 
 
-@BACKEND.implements("gemm", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+@BACKEND.implements(Op.GEMM, dtypes=(torch.float32, torch.bfloat16, torch.float16),
                     layouts=("TN", "NN", "NT", "TT"), numerics=_numerics)
 def gemm(a, b, *, layout, out_dtype, bias, gelu, out, alpha, beta):
     op_a = a.t() if layout[0] == "T" else a

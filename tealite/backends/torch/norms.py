@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.torch import BACKEND
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}
@@ -19,7 +20,7 @@ def _sum_rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).sum(dim=0)
 
 
-@BACKEND.implements("layernorm_fwd", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.LAYERNORM_FWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def layernorm_fwd(x, gamma, beta, *, eps, zero_centered_gamma):
     x32 = x.float()
     mean = x32.mean(dim=-1)
@@ -30,7 +31,7 @@ def layernorm_fwd(x, gamma, beta, *, eps, zero_centered_gamma):
     return y.to(x.dtype), mean, rsigma
 
 
-@BACKEND.implements("layernorm_bwd", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.LAYERNORM_BWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma):
     rs = rsigma.unsqueeze(-1)
     xhat = (x.float() - mean.unsqueeze(-1)) * rs
@@ -43,7 +44,7 @@ def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma):
     return dx.to(x.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)
 
 
-@BACKEND.implements("rmsnorm_fwd", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.RMSNORM_FWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def rmsnorm_fwd(x, gamma, *, eps, zero_centered_gamma):
     x32 = x.float()
     rsigma = torch.rsqrt((x32 * x32).mean(dim=-1) + eps)
@@ -51,7 +52,7 @@ def rmsnorm_fwd(x, gamma, *, eps, zero_centered_gamma):
     return y.to(x.dtype), rsigma
 
 
-@BACKEND.implements("rmsnorm_bwd", dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.RMSNORM_BWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma):
     rs = rsigma.unsqueeze(-1)
     xhat = x.float() * rs

@@ -5,7 +5,7 @@ import torch
 
 from tealite.backends.torch import BACKEND
 from tealite.backends.torch.quantize import dequantize
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op, QuantizedTensor
 
 _NUMERICS = {"compute_dtype": torch.float32, "operands_dequantized_to": torch.float32}
 
@@ -15,7 +15,7 @@ def _dequantize_k_last(recipe, codes, scales, rows: int, k: int) -> torch.Tensor
     return dequantize(q, out_dtype=torch.float32, columnwise=False)
 
 
-@BACKEND.implements("qgemm", dtypes=(torch.float32, torch.bfloat16, torch.float16),
+@BACKEND.implements(Op.QGEMM, dtypes=(torch.float32, torch.bfloat16, torch.float16),
                     numerics=_NUMERICS)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.torch import BACKEND
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _F32_MANT = 23
@@ -247,7 +247,7 @@ def _row_amax(x32: torch.Tensor) -> torch.Tensor:
     return x32.abs().amax(dim=1)
 
 
-@BACKEND.implements("quantize", dtypes=_FLOATS)
+@BACKEND.implements(Op.QUANTIZE, dtypes=_FLOATS)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape), amax=_recipe_amax(x, recipe))
     if isinstance(recipe, R.MXBlockScaling):
@@ -262,7 +262,7 @@ def quantize(x, recipe, *, rowwise, columnwise, scale):
     return out
 
 
-@BACKEND.implements("dequantize", dtypes=_FLOATS)
+@BACKEND.implements(Op.DEQUANTIZE, dtypes=_FLOATS)
 def dequantize(q, *, out_dtype, columnwise):
     data = q.columnwise_data if columnwise else q.data
     s = q.columnwise_scale_inv if columnwise else q.scale_inv
@@ -288,12 +288,12 @@ def dequantize(q, *, out_dtype, columnwise):
     return (vals * expand).to(out_dtype)
 
 
-@BACKEND.implements("amax", dtypes=_FLOATS)
+@BACKEND.implements(Op.AMAX, dtypes=_FLOATS)
 def amax(x):
     return _amax(x).reshape(1)
 
 
-@BACKEND.implements("delayed_scaling_update", dtypes=(torch.float32,))
+@BACKEND.implements(Op.DELAYED_SCALING_UPDATE, dtypes=(torch.float32,))
 def delayed_scaling_update(history, scale, recipe):
     fmt = get_format(recipe.fmt)
     amax = history[:1] if recipe.amax_compute_algo == "most_recent" else history.max().reshape(1)

@@ -9,6 +9,7 @@ same source on every target.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 
@@ -36,10 +37,10 @@ BACKEND = register_backend(Backend(
     name="triton", probe=_probe, auto_dispatch=not INTERPRET,
     description="tealite Triton kernels (GPU, or the CPU interpreter with TRITON_INTERPRET=1)"))
 
+# Every family module registers its implementations on BACKEND when imported.  They are
+# imported by name, as the registry imports the backends: the package never imports its
+# families statically, so they may import it (BACKEND, platform facts) without a circle.
+FAMILIES = ("activations", "dequantize", "fused", "gemm", "norms", "qgemm", "quantize")
 if HAVE_TRITON:
-    # Every public module of this package registers its kernels on import.
-    import importlib as _importlib
-    import pkgutil as _pkgutil
-    for _mod in _pkgutil.iter_modules(__path__):
-        if not _mod.name.startswith("_"):
-            _importlib.import_module(f"{__name__}.{_mod.name}")
+    for _family in FAMILIES:
+        importlib.import_module(f"{__name__}.{_family}")

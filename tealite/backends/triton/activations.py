@@ -43,7 +43,7 @@ import triton.language as tl
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton.norms import sum_partials, target_programs
-from tealite.ops.activations import GATED
+from tealite.types import GATED, Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}
@@ -226,14 +226,14 @@ def _gated(x, dy, kind, bwd):
     return out
 
 
-@BACKEND.implements("act_fwd", dtypes=_FLOATS, devices=DEVICES, numerics=_NUMERICS)
+@BACKEND.implements(Op.ACT_FWD, dtypes=_FLOATS, devices=DEVICES, numerics=_NUMERICS)
 def act_fwd(x, *, kind):
     if kind in GATED:
         return _gated(x, None, kind, bwd=False)
     return _pointwise(x, None, kind, bwd=False)
 
 
-@BACKEND.implements("act_bwd", dtypes=_FLOATS, devices=DEVICES, numerics=_NUMERICS)
+@BACKEND.implements(Op.ACT_BWD, dtypes=_FLOATS, devices=DEVICES, numerics=_NUMERICS)
 def act_bwd(dy, x, *, kind):
     if kind in GATED:
         return _gated(x, dy, kind, bwd=True)
@@ -249,7 +249,7 @@ def _dbias_chunks(rows: int, n_col_blocks: int, block_r: int, device) -> tuple[i
     return triton.cdiv(rows, per_prog), per_prog
 
 
-@BACKEND.implements("dbias_dact", dtypes=_FLOATS, devices=DEVICES, numerics=_NUMERICS)
+@BACKEND.implements(Op.DBIAS_DACT, dtypes=_FLOATS, devices=DEVICES, numerics=_NUMERICS)
 def dbias_dact(dy, x, *, kind):
     hidden = x.shape[-1]
     rows = x.numel() // hidden if hidden else 0

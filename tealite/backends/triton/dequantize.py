@@ -13,10 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, store_f32
 from tealite.formats import get_format
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _TILE_M, _TILE_N, _WARPS = 32, 128, 4
@@ -110,7 +111,7 @@ def _scale_layout(recipe) -> tuple[int, int, int]:
     return _TENSOR, 1, 1
 
 
-@BACKEND.implements("dequantize", dtypes=_FLOATS, devices=DEVICES)
+@BACKEND.implements(Op.DEQUANTIZE, dtypes=_FLOATS, devices=DEVICES)
 def dequantize(q, *, out_dtype, columnwise):
     data = q.columnwise_data if columnwise else q.data
     s = q.columnwise_scale_inv if columnwise else q.scale_inv

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _encode_fp8_sat,
                                              _fmt_constants, _mx_descale, _mx_scale_constants,
@@ -40,8 +40,7 @@ from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.activations import act_f32
 from tealite.backends.triton.norms import effective_weight
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, get_format
-from tealite.ops.activations import GATED
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import GATED, Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}
@@ -272,20 +271,20 @@ def _norm(x, gamma, beta, recipe, eps, zero_centered_gamma, scale, rms):
     return out.result(scale), mean, rs
 
 
-@BACKEND.implements("layernorm_fwd_quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not,
+@BACKEND.implements(Op.LAYERNORM_FWD_QUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not,
                     numerics=_NUMERICS)
 def layernorm_fwd_quantize(x, gamma, beta, recipe, *, eps, zero_centered_gamma, scale):
     return _norm(x, gamma, beta, recipe, eps, zero_centered_gamma, scale, rms=False)
 
 
-@BACKEND.implements("rmsnorm_fwd_quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not,
+@BACKEND.implements(Op.RMSNORM_FWD_QUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not,
                     numerics=_NUMERICS)
 def rmsnorm_fwd_quantize(x, gamma, recipe, *, eps, zero_centered_gamma, scale):
     q, _, rs = _norm(x, gamma, None, recipe, eps, zero_centered_gamma, scale, rms=True)
     return q, rs
 
 
-@BACKEND.implements("act_fwd_quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not,
+@BACKEND.implements(Op.ACT_FWD_QUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not,
                     numerics=_NUMERICS)
 def act_fwd_quantize(x, recipe, *, kind, scale):
     gated = kind in GATED

@@ -53,6 +53,7 @@ from triton.runtime.errors import OutOfResources
 
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_MAX = 2**31 - 1
@@ -563,7 +564,7 @@ def _numerics(params) -> dict:
     return num
 
 
-@BACKEND.implements("gemm", dtypes=_FLOATS, devices=DEVICES, layouts=("TN", "NN", "NT", "TT"),
+@BACKEND.implements(Op.GEMM, dtypes=_FLOATS, devices=DEVICES, layouts=("TN", "NN", "NT", "TT"),
                     check=_why_not, numerics=_numerics)
 def gemm(a, b, *, layout, out_dtype, bias, gelu, out, alpha, beta):
     return launch(a, b, layout=layout, out_dtype=out_dtype, bias=bias, gelu=gelu, out=out,

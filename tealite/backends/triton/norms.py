@@ -40,6 +40,7 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_HIDDEN = 65536
@@ -248,26 +249,26 @@ def _launch_bwd(dy, x, mean, rsigma, gamma, zero_centered_gamma, rms):
     return dx, dgamma, dbeta
 
 
-@BACKEND.implements("layernorm_fwd", dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
+@BACKEND.implements(Op.LAYERNORM_FWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
                     numerics=_NUMERICS)
 def layernorm_fwd(x, gamma, beta, *, eps, zero_centered_gamma):
     return _launch(x, gamma, beta, eps, zero_centered_gamma, rms=False)
 
 
-@BACKEND.implements("rmsnorm_fwd", dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
+@BACKEND.implements(Op.RMSNORM_FWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
                     numerics=_NUMERICS)
 def rmsnorm_fwd(x, gamma, *, eps, zero_centered_gamma):
     y, _, rs = _launch(x, gamma, None, eps, zero_centered_gamma, rms=True)
     return y, rs
 
 
-@BACKEND.implements("layernorm_bwd", dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
+@BACKEND.implements(Op.LAYERNORM_BWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
                     numerics=_NUMERICS)
 def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma):
     return _launch_bwd(dy, x, mean, rsigma, gamma, zero_centered_gamma, rms=False)
 
 
-@BACKEND.implements("rmsnorm_bwd", dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
+@BACKEND.implements(Op.RMSNORM_BWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
                     numerics=_NUMERICS)
 def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma):
     dx, dgamma, _ = _launch_bwd(dy, x, None, rsigma, gamma, zero_centered_gamma, rms=True)

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite._checks import require
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
@@ -64,6 +64,7 @@ from tealite.backends.triton._qgemm_operands import (
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_MAX = 2**31 - 1
@@ -505,7 +506,7 @@ def _gamma(n: int, u: float) -> float:
     return n * u / (1 - n * u) if n * u < 1 else math.inf
 
 
-@BACKEND.implements("qgemm", dtypes=_FLOATS, devices=DEVICES, numerics=_numerics)
+@BACKEND.implements(Op.QGEMM, dtypes=_FLOATS, devices=DEVICES, numerics=_numerics)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):
     out = launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, m=m, n=n, k=k,

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite import recipes as R
+import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
                                              _overflow_constants, _te_scale, _tile_ids,
@@ -34,7 +34,7 @@ from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.quantize_block import quantize_block
 from tealite.backends.triton.quantize_mx import quantize_mx
 from tealite.formats import FP8ScaleRule, Saturation, get_format
-from tealite.ops.quantize import QuantizedTensor
+from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_ROW = 65536
@@ -364,7 +364,7 @@ def _why_not(params) -> str | None:
     return None
 
 
-@BACKEND.implements("quantize", dtypes=_FLOATS, devices=DEVICES, check=_why_not)
+@BACKEND.implements(Op.QUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape))
     if isinstance(recipe, R.MXBlockScaling):
@@ -381,6 +381,6 @@ def quantize(x, recipe, *, rowwise, columnwise, scale):
     return out
 
 
-@BACKEND.implements("amax", dtypes=_FLOATS, devices=DEVICES)
+@BACKEND.implements(Op.AMAX, dtypes=_FLOATS, devices=DEVICES)
 def amax(x):
     return _amax(x)

@@ -1,7 +1,7 @@
 """Load AITER's Triton kernels (``aiter/ops/triton``) without ROCm, from any AITER release.
 
-    from tealite.backends.aiter import _triton_loader
-    at = _triton_loader.load()            # or load("/path/to/amd_aiter-...whl" | unpacked dir)
+    from tealite.backends.aiter_common import loader
+    at = loader.load()                   # or load("/path/to/amd_aiter-...whl" | unpacked dir)
     y = at.rms_norm(x, w, 1e-6)
     at.locations["rms_norm"]              # "aiter.ops.triton.normalization.rmsnorm:rms_norm"
     at.missing, at.missing_kind           # {entry point: why}, {entry point: kind}
@@ -14,8 +14,8 @@ path that is none of these raises :class:`AiterNotFound` naming it.  For an AITE
 :func:`load` does not raise: what fails is recorded (``load_errors``, ``missing``).
 
 Entry points are resolved through a declared candidate table
-(:mod:`tealite.backends.aiter._loader_candidates`): per entry point, the modules that define it
-and the AITER versions for which each does.  The version comes from the tree's
+(:mod:`tealite.backends.aiter_common._loader_candidates`): per entry point, the modules that
+define it and the AITER versions for which each does.  The version comes from the tree's
 ``AITER_SOURCE`` (``version=``), else the wheel's METADATA, else ``aiter/_version.py``.  Each
 entry point that does not load is classified ``removed`` / ``moved-unknown`` /
 ``import-error`` (``missing_kind``).
@@ -28,7 +28,7 @@ Why each step (measured facts in NUMERICS.md; AITER versions named where behavio
    init.  It stays in ``sys.modules`` (AITER modules import lazily through it), so a later
    ``import aiter`` in the same process gets the shell; one process holds one AITER copy.
 2. Under that parent, the ROCm-only modules AITER's Triton code imports are stand-ins built by
-   :mod:`tealite.backends.aiter._loader_stubs` (not AITER's files): ``aiter.dtypes`` /
+   :mod:`tealite.backends.aiter_common._loader_stubs` (not AITER's files): ``aiter.dtypes`` /
    ``aiter.utility.dtypes`` *built* from the arch AITER sees (fp8 = float8_e4m3fn on gfx950,
    float8_e4m3fnuz on gfx942, fp8_e8m0, fp4x2, bf16, ...: AITER's real dtypes.py imports
    ``aiter.ops.enum`` (HIP) from v0.1.9.post1 on), ``aiter.jit.utils.chip_info`` (rocminfo)
@@ -47,7 +47,7 @@ Why each step (measured facts in NUMERICS.md; AITER versions named where behavio
 5. AITER's tuned configs and some launch sites pass AMD-only launch options; off ROCm every
    AITER kernel's ``run`` is wrapped to drop them.  Under ``TRITON_INTERPRET=1`` the kernels'
    ``tl.assume`` hints are not checked and list grids become tuples
-   (:mod:`tealite.backends.aiter._loader_launch`).
+   (:mod:`tealite.backends.aiter_common._loader_launch`).
 6. With no GPU, ``_rmsnorm_backward`` allocates its dgamma workspace with ``device="cuda"``
    written out: in that module only, ``torch.empty(..., device="cuda")`` allocates on the CPU.
 
@@ -68,17 +68,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tealite.backends.aiter import _loader_stubs as stubs
-from tealite.backends.aiter._loader_source import (  # noqa: F401  (re-exported)
+from tealite.backends.aiter_common import _loader_stubs as stubs
+from tealite.backends.aiter_common._loader_source import (  # noqa: F401  (re-exported)
     ENV_PATH, PACKAGE, SOURCE_FILE, SYNTHETIC, AiterNotFound, _unpack_wheel, _version,
     error_text, find_source, why_unavailable)
-from tealite.backends.aiter._loader_candidates import (CANDIDATES, ENTRY_POINTS, OPS, Attempt,
-                                                       Candidate, admitted, classify,
-                                                       module_file, version_key)
-from tealite.backends.aiter._loader_launch import (AMD_ONLY_LAUNCH_OPTIONS, Launch,  # noqa: F401
-                                                   dry_run, innermost_kernel,
-                                                   interpreter_has_assume_hook, wrap_all_kernels,
-                                                   wrap_launch)
+from tealite.backends.aiter_common._loader_candidates import (
+    CANDIDATES, ENTRY_POINTS, OPS, Attempt, Candidate, admitted, classify, module_file,
+    version_key)
+from tealite.backends.aiter_common._loader_launch import (  # noqa: F401  (re-exported)
+    AMD_ONLY_LAUNCH_OPTIONS, Launch, dry_run, innermost_kernel, interpreter_has_assume_hook,
+    wrap_all_kernels, wrap_launch)
 
 __all__ = ["AiterNotFound", "AiterTriton", "CANDIDATES", "Candidate", "ENTRY_POINTS",
            "MISSING_KINDS", "dry_run", "find_source", "load", "why_unavailable"]

@@ -1,6 +1,6 @@
 """Facts about the loaded AITER's kernels, asked of AITER itself rather than assumed per version.
 
-* :func:`first_launch`: call an AITER wrapper in a dry run (tealite.backends.aiter.
+* :func:`first_launch`: call an AITER wrapper in a dry run (tealite.backends.aiter_common.
   _loader_launch.dry_run: kernel launches are recorded, nothing executes) and return the first
   launch that carries a given keyword, i.e. the config the wrapper's host code settled on after
   its own adjustments (split-K heuristics, K-step floors), which change between versions.
@@ -15,7 +15,7 @@ import inspect
 import sys
 import textwrap
 
-from tealite.backends.aiter._loader_launch import Launch, dry_run, innermost_kernel
+from tealite.backends.aiter_common._loader_launch import Launch, dry_run, innermost_kernel
 
 
 def first_launch(fn, *args, key: str, **kwargs) -> Launch | None:

@@ -1,4 +1,4 @@
-"""Where the AITER source is, and which version it is (for :mod:`._triton_loader`).
+"""Where the AITER source is, and which version it is (for :mod:`.loader`).
 
 A source is an amd-aiter wheel (its ``aiter/`` tree unpacked once under the temp dir), an
 unpacked wheel, a source export made by ``ci/aiter_source.sh`` (``aiter/`` plus an
