@@ -43,15 +43,17 @@ def cmd_list(args) -> int:
     backends = registry.backends()
     names = sorted(backends)
     rows = []
-    for op in all_specs():
-        row = [op]
+    for op, spec in all_specs().items():
+        row = [op if spec.ops == (op,) else f"{op} ({' + '.join(spec.ops)})"]
         for n in names:
             b = backends[n]
             reason = b.unavailable_reason()
-            if op not in b.impls:
+            if not spec.implemented_by(b):
                 row.append("-")
             elif reason:
                 row.append(f"unavailable ({reason})")
+            elif spec.ops != (op,):
+                row.append(f"yes [{'/'.join(sorted(spec.devices_of(b)))}]")
             else:
                 s = b.impls[op].support
                 dts = ",".join(sorted(str(d).removeprefix("torch.") for d in s.dtypes)) \
@@ -161,7 +163,7 @@ def _stratified(spec, args) -> list[dict]:
     out: list[dict] = []
     for name in names:
         b = registry.backends().get(name)
-        if b is None or spec.name not in b.impls or b.unavailable_reason():
+        if b is None or not spec.implemented_by(b) or b.unavailable_reason():
             continue
         for dtype in spec.dtypes:
             for case in suite.plan(spec, name, dtype, device=args.device, size=args.size).cases:

@@ -220,7 +220,7 @@ def peers(spec: OpSpec, backend: str) -> list[str]:
     for name, b in sorted(registry.backends().items()):
         if name >= backend:
             break
-        if spec.name in b.impls and b.unavailable_reason() is None:
+        if spec.implemented_by(b) and b.unavailable_reason() is None:
             out.append(name)
     return out
 

@@ -27,7 +27,7 @@ BACKENDS = sorted(registry.backends())
 # Only ops a backend implements (`python -m tealite_verify list` shows the rest as "-");
 # unavailable backends and unsupported cases still appear, skipped with their reason.
 PARAMS = [(op, b, dt) for op, spec in SPECS.items() for b in BACKENDS for dt in spec.dtypes
-          if op in registry.get_backend(b).impls]
+          if spec.implemented_by(registry.get_backend(b))]
 
 
 @pytest.mark.parametrize("op,backend,dtype", PARAMS, ids=["-".join(p) for p in PARAMS])

@@ -79,12 +79,12 @@ def plan_targets(ops, backend_filter, dtype_filter, recipe_filter, device: str):
         for name, b in sorted(known.items()):
             if backend_filter and name not in backend_filter:
                 continue
-            if op not in b.impls:
+            if not spec.implemented_by(b):
                 continue
             reason = b.unavailable_reason()
             if reason:
                 notes.append(f"{op}: backend {name} unavailable ({reason})")
-            elif device not in b.impls[op].support.devices:
+            elif device not in spec.devices_of(b):
                 notes.append(f"{op}: backend {name} does not run on {device}")
             else:
                 names.append(name)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tealite.numerics import Numerics
+from tealite.types import Op
 
 from tealite_verify.tiers.metrics import Tier
 
@@ -72,6 +73,23 @@ class OpSpec:
     # The coverage matrix: the cells (tealite_verify.coverage.Cell) the suite's drawn cases
     # must exercise for each (backend, dtype) where the backend accepts such a case.
     coverage: tuple = ()
+    # The registry ops call() dispatches, when the spec is not itself one (a composite such
+    # as quant_roundtrip drives quantize then dequantize); empty: the op named ``name``.
+    drives: tuple[Op, ...] = ()
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The registry ops this spec's cases run through."""
+        return tuple(self.drives) or (self.name,)
+
+    def implemented_by(self, backend) -> bool:
+        """Whether ``backend`` (a tealite.registry.Backend) implements every op the spec
+        drives: only such a backend is run, paired and fuzzed on its cases."""
+        return all(op in backend.impls for op in self.ops)
+
+    def devices_of(self, backend) -> frozenset:
+        """The devices on which ``backend`` runs every op the spec drives."""
+        return frozenset.intersection(*(backend.impls[op].support.devices for op in self.ops))
 
 
 SIZES = ("ci", "local", "large")

@@ -12,6 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite.types import Op
 from tealite.formats import Saturation
 from tealite_verify import recipe_rules as rules
 from tealite_verify.specs import Expected, OpSpec, register
@@ -100,7 +101,7 @@ _CUR = {"kind": "current", "fmt": "e4m3fnuz", "granularity": "row", "force_pow2_
 
 register(OpSpec(
     name="quant_roundtrip", family="quantize", cases=cases, make_inputs=make_inputs, call=call,
-    reference=reference,
+    reference=reference, drives=(Op.QUANTIZE, Op.DEQUANTIZE),
     smoke_cases=tuple({"recipe_a": a, "recipe_b": b, "dtype": "bfloat16", "shape": [33, 100],
                        "dist": {"kind": "normal", "scale": 2.0}, "seed": 31}
                       for a, b in ((_MX4_AITER, _MX4_OCP), (_MX8, _CUR)))))
