@@ -9,7 +9,7 @@ from tealite.types import Op
 
 
 def _numerics(params) -> dict:
-    """What the tolerance model may assume about this implementation (tolerance.py keys)."""
+    """What the tolerance model may assume about this implementation (the fields of tealite.numerics.Numerics)."""
     dtype = params["dtype"]
     fused = _single_rounding(params["bias"], params["gelu"], params["alpha"], params["beta"],
                              params["out_dtype"] == dtype)

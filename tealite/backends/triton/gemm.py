@@ -7,7 +7,7 @@ of its two dims has unit stride (a constexpr, so the compiler knows the contiguo
 vectorizes loads even where it does not specialize strides equal to 1) and the other stride.
 An operand with neither unit stride (a strided slice) is the only one made contiguous.
 
-Numerics (declared to the ``gemm`` tolerance tier, tealite_verify/tolerance.py):
+Numerics (declared to the ``gemm`` tolerance tier, tealite_verify/tiers/gemm.py):
 - bf16 / fp16 on a GPU: tensor-core products (exact), fp32 accumulation across all of K.
 - fp32: ``input_precision="ieee"`` (Triton's default on NVIDIA is TF32): fp32 FMA products and
   sums, no TF32 input rounding; correct but on the CUDA cores, so slow (not a fast path).

@@ -32,7 +32,7 @@ integer RNE first, so they are the GPU's values) and the dot uses ``input_precis
 it is itself a bf16 upcast-and-multiply (the same work, less control), and it handles no
 out-of-range scale bytes, so the exactness routing above would be needed anyway.
 
-Numerics (declared to the ``gemm`` tier, tealite_verify/tolerance.py; see ``_numerics``):
+Numerics (declared to the ``gemm`` tier, tealite_verify/tiers/gemm.py; see ``_numerics``):
 products of codes are exact; sums are fp32, except the WGMMA accumulator of native FP8 dots on
 NVIDIA (~14 bits between promotions): all of K for per-tensor / per-row (Triton's sm_90
 default never promotes, as scaled_mm's fast path), one scale block for block scaling; bf16
