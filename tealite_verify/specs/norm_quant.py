@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import tealite
 from tealite import recipes as R
 from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
+from tealite.ops.fused import FUSED_RECIPES
 from tealite_verify import coverage as cov
 from tealite_verify import recipe_rules as rules
 from tealite_verify.references import fused as fref
@@ -39,10 +40,9 @@ from tealite_verify.tiers.code_interval import FusedQuantJudge
 from tealite_verify.tiers.metrics import absent
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
-# The recipes a fused norm / activation kernel writes: what the fused ops support (per row: a
-# given scale, per-row current scaling, MX blocks; no 2-D blocks), named by class because
-# the list is the op's contract, not a recipe fact: a new recipe joins it when backends fuse it.
-FUSED_RECIPES = (R.DelayedScaling, R.Float8CurrentScaling, R.MXBlockScaling)
+# The recipes a fused norm / activation kernel writes are the front-end's list (recipe
+# classes: a given scale, per-row current scaling, MX blocks): the op's contract, not a recipe
+# fact, so the spec reads it from the op; a recipe joins it when the fused op takes it.
 
 
 @functools.lru_cache(maxsize=None)  # built once: drawn from on every case
