@@ -93,7 +93,7 @@ def recipe_cells(key: str, classes: Iterable[type] = R.RECIPES, *,
     classes = space.coarse_to_fine(classes)
     narrow = narrowing(scale_rules, **fields)
     pts = {cls: space.narrowed(cls, narrow) for cls in classes}
-    cells = [c for cls in classes for c in _named_cells(key, key, cls, pts[cls], False)]
+    cells = [c for cls in classes for c in _named_cells(key, key, cls, pts[cls])]
     fmts = dict.fromkeys(p.values[space.FMT] for cls in classes for p in pts[cls])
     cells += [Cell(f"{key}.format", fmt, ((f"{key}.fp4", get_format(fmt).packed),),
                    ((f"{key}.fmt", fmt),)) for fmt in fmts]
@@ -111,10 +111,12 @@ def family_cells(key: str, classes: Iterable[type] = R.RECIPES) -> tuple[Cell, .
     """The coarse names (``taxonomy()``'s family: "current/row", "mxfp4") of ``key``, for
     product cells, in :func:`recipe_cells`' order."""
     return tuple(c for cls in space.coarse_to_fine(classes)
-                 for c in _named_cells(f"{key}.family", key, cls, space.points(cls), True))
+                 for c in _named_cells(f"{key}.family", key, cls, space.points(cls),
+                                       family_only=True))
 
 
-def _named_cells(axis: str, key: str, cls, points, family_only: bool) -> list[Cell]:
+def _named_cells(axis: str, key: str, cls, points, *,
+                 family_only: bool = False) -> list[Cell]:
     choosing = space.choosing_fields(cls, family_only=family_only)
     rank = [_first_seen(p.packed for p in points)] + [_rank(p.values[n] for p in points)
                                                       for n in choosing]
