@@ -14,14 +14,17 @@ bug in the same op and output is a different finding.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import torch
 
 from tealite import recipes as R
-from tealite.formats import (FP8_FORMATS, ElementRounding, ScaleRounding, get_format)
-from tealite_verify.strategies.recipes import given_scale, recipe_from_json
+from tealite.formats import get_format
+from tealite_verify import recipe_space as space
+from tealite_verify.strategies.recipes import (TE_RULE, given_scale, narrowing,
+                                               recipe_from_json)
 
 RECIPE_KEYS = ("recipe", "recipe_a", "recipe_b")
 # Case keys that pick a kernel variant: each value is a layout cell (axis = the key).
@@ -74,86 +77,91 @@ class Cell:
 
 # ---- the matrix of an op: builders for OpSpec.coverage --------------------------------------
 
-def recipe_cells(key: str, kinds: Iterable[str], *, aiter_rule: bool = False,
-                 granularities: Iterable[str] = ("tensor", "row"),
-                 blocks: Iterable[tuple] = ((1, 128), (128, 128)),
-                 fp8_formats: Iterable[str] = FP8_FORMATS, mx_formats=("e4m3", "e2m1"),
-                 saturation: bool = True) -> tuple[Cell, ...]:
-    """The recipe family cells of recipe key ``key`` (every scale / element rounding of MX,
-    pow2 and non-pow2 block scales, current scaling at each of ``granularities`` under each
-    rule),
-    its format cells and (``saturation``) its saturating / non-saturating cells."""
-    kinds = tuple(kinds)
-    cells: list[Cell] = []
-    if "delayed" in kinds:
-        cells.append(_recipe_cell(key, "delayed", {"kind": "delayed"}, {}))
-    if "current" in kinds:
-        rules = ("te", "aiter") if aiter_rule else ("te",)
-        for gran in granularities:
-            for rule in rules:
-                sets = {"granularity": gran, "scale_rule": _RULES[rule]}
-                cells.append(_recipe_cell(key, f"current/{gran}/{rule}", {"kind": "current"},
-                                          sets))
-    if "block" in kinds:
-        for block in blocks:
-            for pow2 in (True, False):
-                label = f"block/{block[0]}x{block[1]}/{'pow2' if pow2 else 'fp32'}"
-                cells.append(_recipe_cell(key, label, {"kind": "block"},
-                                          {"block": tuple(block), "force_pow2_scales": pow2}))
-    if "mx" in kinds:
-        for fmt in mx_formats:
-            fp4 = fmt == "e2m1"
-            elems = [r.value for r in ElementRounding] if fp4 else [ElementRounding.RNE.value]
-            for sr in ScaleRounding:
-                for er in elems:
-                    label = f"mx{'fp4' if fp4 else 'fp8'}/{sr.value}" + (f"/{er}" if fp4 else "")
-                    cells.append(Cell(key, label, ((f"{key}.kind", "mx"),
-                                                   (f"{key}.fp4", fp4)),
-                                      ((f"{key}.scale_rounding", sr.value),
-                                       (f"{key}.element_rounding", er))))
-    fp8_kinds = [k for k in kinds if k != "mx"]
-    fmts = list(fp8_formats) if fp8_kinds else []
-    fmts += [f for f in ("e2m1",) if "mx" in kinds and "e2m1" in mx_formats]
-    for fmt in dict.fromkeys(fmts):
-        fp4 = fmt == "e2m1"
-        cells.append(Cell(f"{key}.format", fmt, ((f"{key}.fp4", fp4),),
-                          ((f"{key}.fmt", fmt),)))
-    if saturation and fp8_kinds:
-        for sat in ("saturate", "nonfinite"):
-            cells.append(Cell(f"{key}.saturation", sat, ((f"{key}.fp8", True),),
-                              ((f"{key}.saturation", sat),)))
+def recipe_cells(key: str, classes: Iterable[type] = R.RECIPES, *,
+                 scale_rules=(TE_RULE,), **fields) -> tuple[Cell, ...]:
+    """The cells of recipe key ``key``: one per name (``taxonomy()``) the recipe ``classes``
+    reach, narrowed as a draw is (``strategies.recipes.narrowing``: ``scale_rules``, and
+    ``fields`` such as ``granularity=("row",)`` or ``block=[(1, 128)]``), then one per format
+    and one per saturation policy they take.
+
+    A name's cell needs the recipe class (and the format's packing where the name depends on
+    it) and sets the fields that choose the name (``recipe_space.choosing_fields``) to the
+    first point that reaches it.  Classes run coarse to fine (``coarse_to_fine``); within a
+    class, names in the order of the packing and then the choosing fields' values as the
+    domains list them, except that a boolean lists True first: the order the hand-written
+    cells had, so the suite keeps drawing the same cases."""
+    classes = space.coarse_to_fine(classes)
+    narrow = narrowing(scale_rules, **fields)
+    pts = {cls: space.narrowed(cls, narrow) for cls in classes}
+    cells = [c for cls in classes for c in _named_cells(key, key, cls, pts[cls])]
+    fmts = dict.fromkeys(p.values[space.FMT] for cls in classes for p in pts[cls])
+    cells += [Cell(f"{key}.format", fmt, ((f"{key}.fp4", get_format(fmt).packed),),
+                   ((f"{key}.fmt", fmt),)) for fmt in fmts]
+    saturating = [cls for cls in classes if any("saturation" in p.values for p in pts[cls])]
+    if saturating:
+        policies = dict.fromkeys(_plain(p.values["saturation"]) for cls in saturating
+                                 for p in pts[cls])
+        need = (f"{key}.{_one_family(saturating).value}", True)
+        cells += [Cell(f"{key}.saturation", sat, (need,), ((f"{key}.saturation", sat),))
+                  for sat in policies]
     return tuple(cells)
 
 
-_RULES = {"te": "fmax/amax", "aiter": "amax/fmax"}
+def family_cells(key: str, classes: Iterable[type] = R.RECIPES) -> tuple[Cell, ...]:
+    """The coarse names (``taxonomy()``'s family: "current/row", "mxfp4") of ``key``, for
+    product cells, in :func:`recipe_cells`' order."""
+    return tuple(c for cls in space.coarse_to_fine(classes)
+                 for c in _named_cells(f"{key}.family", key, cls, space.points(cls),
+                                       family_only=True))
 
 
-def _recipe_cell(key: str, label: str, needs: dict, sets: dict) -> Cell:
-    return Cell(key, label, tuple((f"{key}.{k}", v) for k, v in needs.items()),
-                tuple((f"{key}.{k}", v) for k, v in sets.items()))
+def _named_cells(axis: str, key: str, cls, points, *,
+                 family_only: bool = False) -> list[Cell]:
+    choosing = space.choosing_fields(cls, family_only=family_only)
+    rank = [_first_seen(p.packed for p in points)] + [_rank(p.values[n] for p in points)
+                                                      for n in choosing]
+
+    def order(p):
+        return (rank[0][p.packed],) + tuple(r[p.values[n]] for r, n in zip(rank[1:], choosing))
+
+    cells: dict[str, Cell] = {}
+    for p in sorted(points, key=order):  # stable: the first point of a name sets its cell
+        name = space.label(p.recipe, family_only=family_only)
+        if name not in cells:
+            needs = ((f"{key}.kind", cls.kind),) + \
+                (((f"{key}.fp4", p.packed),) if space.splits_packing(cls) else ())
+            cells[name] = Cell(axis, name, needs,
+                               tuple((f"{key}.{n}", _plain(p.values[n])) for n in choosing))
+    return list(cells.values())
 
 
-_FAMILY_KINDS = {"delayed": "delayed", "current/tensor": "current", "current/row": "current",
-                 "block/1x128": "block", "block/128x128": "block", "mxfp8": "mx", "mxfp4": "mx"}
+def _first_seen(values) -> dict:
+    """Each value's place in order of first appearance."""
+    return {v: i for i, v in enumerate(dict.fromkeys(values))}
 
 
-FAMILIES = tuple(_FAMILY_KINDS)
+def _rank(values) -> dict:
+    """Each value of a choosing field's place: first appearance, but a switch (a boolean
+    field) on first."""
+    order = list(_first_seen(values))
+    if all(isinstance(v, bool) for v in order):
+        order.sort(reverse=True)
+    return {v: i for i, v in enumerate(order)}
 
 
-def family_cells(key: str, families: Iterable[str]) -> tuple[Cell, ...]:
-    """Coarse recipe families of ``key`` (:data:`_FAMILY_KINDS`), for product cells."""
-    out = []
-    for fam in families:
-        needs = [(f"{key}.kind", _FAMILY_KINDS[fam])]
-        sets = []
-        if fam.startswith("current/"):
-            sets.append((f"{key}.granularity", fam.split("/")[1]))
-        if fam.startswith("block/"):
-            sets.append((f"{key}.block", tuple(int(v) for v in fam.split("/")[1].split("x"))))
-        if fam.startswith("mx"):
-            needs.append((f"{key}.fp4", fam == "mxfp4"))
-        out.append(Cell(f"{key}.family", fam, tuple(needs), tuple(sets)))
-    return tuple(out)
+def _plain(v):
+    """A cell holds what a case's JSON holds: enums as their values (tuples stay tuples:
+    hashable; :func:`force` writes lists)."""
+    return v.value if isinstance(v, enum.Enum) else v
+
+
+def _one_family(classes) -> R.Family:
+    families = {cls.family for cls in classes}
+    if len(families) != 1:
+        # A saturation cell needs what its recipe has; today that is "the FP8 family".
+        raise ValueError("recipe_cells: the recipes with a saturation policy span families "
+                         f"{sorted(f.value for f in families)}; a saturation cell needs one")
+    return families.pop()
 
 
 def product_cells(a: Iterable[Cell], b: Iterable[Cell]) -> tuple[Cell, ...]:
@@ -203,8 +211,7 @@ def _label(v: Any) -> str:
 # ---- classification ----------------------------------------------------------------------
 
 def recipe_label(r: Mapping) -> str:
-    family, variant = recipe_from_json(r).taxonomy()
-    return "/".join(family + variant)
+    return space.label(recipe_from_json(r))
 
 
 def case_labels(case: Mapping) -> dict[str, str]:
@@ -214,9 +221,8 @@ def case_labels(case: Mapping) -> dict[str, str]:
         r = case.get(key)
         if isinstance(r, Mapping) and "kind" in r:
             recipe = recipe_from_json(r)
-            family, variant = recipe.taxonomy()
-            out[key] = "/".join(family + variant)
-            out[f"{key}.family"] = "/".join(family)
+            out[key] = space.label(recipe)
+            out[f"{key}.family"] = space.label(recipe, family_only=True)
             out[f"{key}.format"] = recipe.fmt
             if hasattr(recipe, "saturation"):
                 out[f"{key}.saturation"] = recipe.saturation.value
@@ -341,12 +347,15 @@ def _get(case: Mapping, path: str):
         return r
     if not isinstance(r, Mapping):
         return None
-    if field == "fp4":
-        return r.get("fmt") == "e2m1"
-    if field == "fp8":
-        return R.BY_KIND[r["kind"]].family is R.Family.FP8 if r.get("kind") in R.BY_KIND \
-            else None
+    if field == "fp4":  # the format's packing
+        return get_format(r["fmt"]).packed if "fmt" in r else None
+    if field in _FAMILIES:  # whether the recipe is of that family ("fp8")
+        family = getattr(R.BY_KIND.get(r.get("kind")), "family", None)
+        return None if family is None else family.value == field
     return r.get(field)
+
+
+_FAMILIES = {f.value for f in R.Family}
 
 
 def _set(case: dict, path: str, value) -> bool:

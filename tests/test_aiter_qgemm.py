@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tealite import recipes as R
 from tealite import registry
 from tealite.backends.aiter_common.contracts import contracts
 from tealite.backends.aiter_triton import INTERPRET
@@ -122,12 +123,12 @@ def test_every_mxfp4_entry_point_runs_the_same_case(monkeypatch, entry):
 
 def _aiter_recipes(draw, kind: str):
     if kind == "fp8":
-        r = [draw(recipes(["current", "delayed"])) for _ in range(2)]
+        r = [draw(recipes((R.Float8CurrentScaling, R.DelayedScaling))) for _ in range(2)]
         return [dict(x, fmt=FP8) for x in r]
     if kind == "block":
-        a = dict(draw(recipes(["block"])), fmt=FP8)
-        return [a, dict(draw(recipes(["block"])), block=[1, 128], fmt=FP8)]
-    return [dict(draw(recipes(["mx"])), fmt="e2m1") for _ in range(2)]
+        a = dict(draw(recipes((R.Float8BlockScaling,))), fmt=FP8)
+        return [a, dict(draw(recipes((R.Float8BlockScaling,))), block=[1, 128], fmt=FP8)]
+    return [dict(draw(recipes((R.MXBlockScaling,))), fmt="e2m1") for _ in range(2)]
 
 
 @st.composite

@@ -27,10 +27,13 @@ from tealite.backends.torch import quantize as TQB
 from tealite.formats import ElementRounding, ScaleRounding, get_format
 from tealite.ops.activations import GATED
 from tealite_verify.tiers import code_interval as TFU
+from tealite_verify import recipe_rules as rules
+from tealite_verify.references import activations as act_ref
 from tealite_verify.references import fused as fref
+from tealite_verify.references import norms as norm_ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
-from tealite_verify.strategies.recipes import recipe_from_json
+from tealite_verify.strategies.recipes import given_scale, recipe_from_json
 
 from _helpers_bad_input import raises
 
@@ -149,19 +152,26 @@ def gated_x(a, b, dtype=torch.float32):
 
 # ---- reference and tier primitives ------------------------------------------------------------
 
+def _reference_rows(y, entry: dict, scale=None) -> rules.Quantized:
+    """The fused reference's quantized output: the recipe's reference quantization of the
+    float64 y's rows rounded to float32 (what specs/norm_quant.py builds)."""
+    return rules.quantize(fref.round_to_f32(fref.as_rows(y)), recipe_from_json(entry),
+                          given_scale(entry) if scale is None else scale)
+
+
 @pytest.mark.parametrize("name", RECIPES)
-def test_reference_quantize_rows_matches_tealite_quantize_of_fp32_y(name):
-    """references.fused.quantize_rows is the plain quantize of the fp32 y (checked against
-    the torch backend, an independent implementation)."""
+def test_reference_quantization_of_fp32_y_matches_tealite_quantize(name):
+    """The fused reference's quantization of round32(y) is the plain quantize of the fp32 y
+    (checked against the torch backend, an independent implementation)."""
     y = (torch.randn(7, 64, generator=torch.Generator().manual_seed(1)) * 3).float()
     r = RECIPES[name]
     scale = torch.tensor([4.0]) if name == "given" else None
     q = TQB.quantize(y, recipe_from_json(r), rowwise=True, columnwise=False, scale=scale)
-    want = fref.quantize_rows(y.numpy(), r, None if scale is None else scale.numpy())
-    assert np.array_equal(q.data.view(torch.uint8).numpy(), want["bits"])
-    assert np.array_equal(q.scale_inv.numpy(), want["scale_inv"])
-    if want["amax"] is not None:
-        assert np.array_equal(q.amax.numpy(), want["amax"])
+    want = _reference_rows(y.double().numpy(), r, None if scale is None else scale.numpy())
+    assert np.array_equal(q.data.view(torch.uint8).numpy(), want.bits)
+    assert np.array_equal(q.scale_inv.numpy(), want.scale_inv)
+    if want.amax is not None:
+        assert np.array_equal(q.amax.numpy(), want.amax)
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -172,17 +182,17 @@ def test_reference_outputs_pass_the_tier_bit_exactly_at_zero_bound(name):
     x, gamma, beta = g.normal(size=(4, 64)) * 3, g.normal(size=64), g.normal(size=64)
     r = RECIPES[name]
     scale = np.array([2.0], np.float32) if name == "given" else None
-    runs = [fref.layernorm_fwd_quantize(x, gamma, beta, r, eps=1e-5, scale=scale)[::3],
-            fref.rmsnorm_fwd_quantize(x, gamma, r, eps=1e-5, scale=scale)[::2],
-            fref.act_fwd_quantize(x, "geglu", r, scale=scale)]
+    ys = [norm_ref.layernorm_fwd(x, gamma, beta, eps=1e-5)[0],
+          norm_ref.rmsnorm_fwd(x, gamma, eps=1e-5)[0], act_ref.act_fwd(x, "geglu")]
     fmt = get_format(r["fmt"])
-    for y, q in runs:
-        assert q["bits"].shape == fref.as_rows(y).shape
+    for y in ys:
+        q = _reference_rows(y, r, scale)
+        assert q.bits.shape == fref.as_rows(y).shape
         judge = TFU.FusedQuantJudge(fref.as_rows(y), lambda n: 0.0, recipe_from_json(r), scale)
-        outs = {"data": torch.from_numpy(q["bits"]).view(fmt.torch_dtype),
-                "scale_inv": torch.from_numpy(q["scale_inv"])}
-        if q["amax"] is not None:
-            outs["amax"] = torch.from_numpy(q["amax"])
+        outs = {"data": torch.from_numpy(q.bits).view(fmt.torch_dtype),
+                "scale_inv": torch.from_numpy(q.scale_inv)}
+        if q.amax is not None:
+            outs["amax"] = torch.from_numpy(np.asarray(q.amax, np.float32))
         assert all(m.passed and m.excused == 0 for m in _all_pass(judge, outs))
 
 

@@ -218,7 +218,9 @@ def test_drawn_entries_are_the_stored_forms(d):
 
 
 def test_narrowing_a_field_no_recipe_can_take_is_an_error():
-    with pytest.raises(ValueError, match="no 'block' recipe"):
-        recipes(("block",), fmt=("e2m1",))
+    with pytest.raises(ValueError, match="no Float8BlockScaling recipe"):
+        recipes((R.Float8BlockScaling,), fmt=("e2m1",))
+    with pytest.raises(ValueError, match="classes must be"):
+        recipes(("block",))  # a kind string is not a recipe class
     with pytest.raises(ValueError, match="scale_rules"):
         recipes(scale_rules=("fmax/amax", "bogus"))

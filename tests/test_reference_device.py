@@ -20,7 +20,6 @@ import torch
 from tealite_verify import runner
 from tealite_verify.references import _device, _special
 from tealite_verify.references import activations as act_ref
-from tealite_verify.references import fused as fused_ref
 from tealite_verify.references import gemm as gemm_ref
 from tealite_verify.references import norms as norm_ref
 from tealite_verify.references import qgemm as qgemm_ref
@@ -538,21 +537,17 @@ def test_numpy_path_is_untouched_without_a_device(monkeypatch):
 
 
 def test_cuda_cases_route_norm_and_activation_references(monkeypatch):
-    """In the runner's context for a CUDA case every norm / activation / fused reference moves
+    """In the runner's context for a CUDA case every norm / activation reference moves
     its inputs to that device (recorded here, then run on the CPU)."""
     seen = _record_moves(monkeypatch, run_on="cpu")
     rng = np.random.default_rng(8)
     x, g = rng.standard_normal((3, 16)), rng.standard_normal(16)
-    recipe = {"kind": "current", "granularity": "row", "fmt": "e4m3", "saturation": "saturate"}
     calls = [lambda: act_ref.act_fwd(x, "geglu"), lambda: act_ref.act_bwd(x, x, "silu"),
              lambda: act_ref.dbias_dact(x, x, "qgelu"),
              lambda: norm_ref.layernorm_fwd(x, g, g, eps=1e-5),
              lambda: norm_ref.layernorm_bwd(x, x, x[:, 0], x[:, 1], g),
              lambda: norm_ref.rmsnorm_fwd(x, g, eps=1e-5),
-             lambda: norm_ref.rmsnorm_bwd(x, x, x[:, 1], g),
-             lambda: fused_ref.act_fwd_quantize(x, "gelu", recipe),
-             lambda: fused_ref.layernorm_fwd_quantize(x, g, g, recipe, eps=1e-5),
-             lambda: fused_ref.rmsnorm_fwd_quantize(x, g, recipe, eps=1e-5)]
+             lambda: norm_ref.rmsnorm_bwd(x, x, x[:, 1], g)]
     for i, call in enumerate(calls):
         seen.clear()
         routed = _on(_device.for_case("cuda:0"), call)

@@ -16,11 +16,11 @@ from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.specs import OpSpec, register
 from tealite_verify.specs import activations as act_spec
-from tealite_verify.specs.norm_quant import (FUSED_KINDS, draw_recipe_and_outputs, fit_to_recipe,
-                                             output_flags, quantized_expected,
+from tealite_verify.specs.norm_quant import (FUSED_RECIPES, draw_recipe_and_outputs,
+                                             fit_to_recipe, output_flags, quantized_expected,
                                              quantized_outputs, scale_input)
 from tealite_verify.strategies.choices import pick
-from tealite_verify.strategies.recipes import recipe_from_json
+from tealite_verify.strategies.recipes import FP8_SCALE_RULES, recipe_from_json
 
 # The gated kinds AITER's act_mul_and_* kernels compute (silu, gelu, relu on the first half).
 AITER_KINDS = ("swiglu", "geglu", "reglu")
@@ -83,6 +83,6 @@ _AITER_SMOKE = (
 register(OpSpec(name=Op.ACT_FWD_QUANTIZE, family="fused", cases=cases, make_inputs=make_inputs,
                 call=call, reference=reference,
                 smoke_cases=tuple(_smoke(i, k) for i, k in enumerate(KINDS)) + _AITER_SMOKE,
-                coverage=(cov.recipe_cells("recipe", FUSED_KINDS, aiter_rule=True,
-                                     granularities=("row",))
+                coverage=(cov.recipe_cells("recipe", FUSED_RECIPES,
+                                     scale_rules=FP8_SCALE_RULES, granularity=("row",))
                           + cov.layout_cells("kind", KINDS) + cov.edge_cells(cov.FINITE_EDGES))))

@@ -23,7 +23,9 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite import recipes as R
 from tealite.formats import ElementRounding, Saturation, ScaleRounding, get_format
+from tealite.ops.fused import FUSED_RECIPES
 from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify import recipe_rules as rules
@@ -39,17 +41,19 @@ from tealite_verify.tiers.code_interval import FusedQuantJudge
 from tealite_verify.tiers.metrics import absent
 
 # The plain norm specs' ci shapes (24 rows x 320) also bound the interpreted Triton kernels.
-FUSED_KINDS = ("delayed", "current", "mx")
+# The recipes a fused norm / activation kernel writes are the front-end's list (recipe
+# classes: a given scale, per-row current scaling, MX blocks): the op's contract, not a recipe
+# fact, so the spec reads it from the op; a recipe joins it when the fused op takes it.
 
 
 @functools.lru_cache(maxsize=None)  # built once: drawn from on every case
 def fused_recipes() -> st.SearchStrategy[dict]:
     """Recipes a fused kernel produces: given-scale FP8, per-row FP8 under either scale rule,
     MX with FP8 or E2M1 elements."""
-    # The kind first (a third each): drawn as one_of, the two scale rules make "current"
-    # crowd out the MX modes in short derandomized runs.
-    return pick(*FUSED_KINDS).flatmap(
-        lambda kind: recipes((kind,), scale_rules=FP8_SCALE_RULES, granularity=("row",)))
+    # The class first (a third each): drawn as one_of, the two scale rules make current
+    # scaling crowd out the MX modes in short derandomized runs.
+    return pick(*FUSED_RECIPES).flatmap(
+        lambda cls: recipes((cls,), scale_rules=FP8_SCALE_RULES, granularity=("row",)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,10 +62,12 @@ def aiter_fused_recipes() -> st.SearchStrategy[dict]:
     scale FP8 that saturates (its kernel clamps), MXFP4 with EVEN scales and ties-away elements
     (drawn three times as often: the one that runs under Triton's interpreter too)."""
     options = {
-        "mxfp4": recipes(("mx",), fmt=("e2m1",), scale_rounding=(ScaleRounding.EVEN,),
+        "mxfp4": recipes((R.MXBlockScaling,), fmt=("e2m1",),
+                         scale_rounding=(ScaleRounding.EVEN,),
                          element_rounding=(ElementRounding.TIES_AWAY,)),
-        "row": recipes(("current",), scale_rules=(AITER_RULE,), granularity=("row",)),
-        "given": recipes(("delayed",), saturation=(Saturation.SATURATE,)),
+        "row": recipes((R.Float8CurrentScaling,), scale_rules=(AITER_RULE,),
+                       granularity=("row",)),
+        "given": recipes((R.DelayedScaling,), saturation=(Saturation.SATURATE,)),
     }
     return pick("mxfp4", "mxfp4", "mxfp4", "row", "given").flatmap(options.get)
 
@@ -235,7 +241,7 @@ for _name, _rms in ((Op.LAYERNORM_FWD_QUANTIZE, False), (Op.RMSNORM_FWD_QUANTIZE
         reference=lambda x, case, _rms=_rms: reference(x, case, rms=_rms),
         smoke_cases=tuple(c if not _rms else {k: v for k, v in c.items() if k != "offset"}
                           for c in SMOKE),
-        coverage=(cov.recipe_cells("recipe", FUSED_KINDS, aiter_rule=True,
-                                     granularities=("row",))
+        coverage=(cov.recipe_cells("recipe", FUSED_RECIPES,
+                                     scale_rules=FP8_SCALE_RULES, granularity=("row",))
                   + cov.layout_cells("zero_centered_gamma", (True, False))
                   + cov.edge_cells(cov.FINITE_EDGES))))

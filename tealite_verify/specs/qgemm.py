@@ -8,21 +8,23 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite import recipes as R
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
 from tealite.ops.gemm import LAYOUTS
 from tealite.ops.quantize import QuantizedTensor
+from tealite.recipes import Granularity
 from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify import recipe_rules as rules
+from tealite_verify import recipe_space as space
 from tealite_verify.references import qgemm as ref
 from tealite_verify.references import quantize as qref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs.gemm import stored_shapes
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.recipes import (RECIPE_KINDS, given_scale, recipe_from_json,
-                                               recipes)
+from tealite_verify.strategies.recipes import given_scale, recipe_from_json, recipes
 from tealite_verify.strategies.shapes import gemm_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
@@ -33,16 +35,27 @@ from tealite_verify.tiers.metrics import Tier
 _LIMITS = {"ci": (48, 256), "local": (160, 1024), "large": (1024, 4096)}
 
 
+# The operand pairs qgemm multiplies (its contract, as TE's), by how their scales tile:
+# float32 scales per tensor or per row on either side (any mix), 2-D blocks, or MX blocks.
+_OPERAND_SCALES = ((Granularity.TENSOR, Granularity.ROW), (Granularity.BLOCK,),
+                   (Granularity.MX_BLOCK,))
+_ACTIVATION_BLOCK = (1, 128)
+
+
+def _operand_recipes(scales) -> tuple[type, ...]:
+    """The recipe classes whose every scale granularity is one of ``scales``."""
+    return tuple(c for c in R.RECIPES if space.granularities(c) <= set(scales))
+
+
 @st.composite
 def _recipe_pair(draw):
-    family = draw(pick("fp8", "block", "mx"))
-    if family == "fp8":
-        fp8 = recipes(["current", "delayed"])
-        return draw(fp8), draw(fp8)
-    if family == "block":  # b holds the activations: 1x128 blocks of a's format
-        a = draw(recipes(["block"]))
-        return a, draw(recipes(["block"], block=[(1, 128)], fmt=[recipe_from_json(a).fmt]))
-    return draw(recipes(["mx"])), draw(recipes(["mx"]))
+    scales = draw(pick(*_OPERAND_SCALES))
+    classes = _operand_recipes(scales)
+    a = draw(recipes(classes))
+    if scales == (Granularity.BLOCK,):  # b holds the activations: 1x128 blocks of a's format
+        return a, draw(recipes(classes, block=[_ACTIVATION_BLOCK],
+                               fmt=[recipe_from_json(a).fmt]))
+    return a, draw(recipes(classes))
 
 
 @st.composite
@@ -236,15 +249,14 @@ _BLK = {"kind": "block", "fmt": "e4m3", "block": [128, 128], "force_pow2_scales"
 register(OpSpec(
     name=Op.QGEMM, family="qgemm", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference,
-    coverage=(cov.recipe_cells("recipe_a", RECIPE_KINDS)
+    coverage=(cov.recipe_cells("recipe_a")
               # b holds the activations: 1x128 blocks only (the op's contract, as TE's).
-              + cov.recipe_cells("recipe_b", RECIPE_KINDS,
-                                 blocks=((1, 128),))
+              + cov.recipe_cells("recipe_b", block=[_ACTIVATION_BLOCK])
               + cov.layout_cells("layout", LAYOUTS) + cov.layout_cells("bias", (True, False))
               + cov.edge_cells(cov.FINITE_EDGES + (cov.SQUARE,))
               # Per-row / block A operands in every layout: a transposed or mis-strided
               # operand shows only where the scales' axis matters.
-              + cov.product_cells(cov.family_cells("recipe_a", cov.FAMILIES),
+              + cov.product_cells(cov.family_cells("recipe_a"),
                                   cov.layout_cells("layout", LAYOUTS))),
     smoke_cases=(
         _smoke(_CUR, _CUR, "TN", 29, 48, 257),

@@ -27,8 +27,8 @@ from tealite_verify.tiers.fp32_div import AiterRuleOutput
 from tealite_verify.tiers.metrics import Tier
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.recipes import (FP8_SCALE_RULES, RECIPE_KINDS, aiter_recipes,
-                                               given_scale, recipe_from_json, recipes)
+from tealite_verify.strategies.recipes import (FP8_SCALE_RULES, aiter_recipes, given_scale,
+                                               recipe_from_json, recipes)
 from tealite_verify.strategies.shapes import dim, row_shapes
 from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
@@ -218,12 +218,11 @@ SMOKE = (
      "dist": {"kind": "normal", "scale": 1.0}, "seed": 9},
 )
 
-_RECIPE_CELLS = cov.recipe_cells("recipe", RECIPE_KINDS,
-                                  aiter_rule=True)
+_RECIPE_CELLS = cov.recipe_cells("recipe", scale_rules=FP8_SCALE_RULES)
 register(OpSpec(name=Op.QUANTIZE, family="quantize", cases=cases, make_inputs=make_inputs,
                 call=call, reference=reference, smoke_cases=SMOKE,
                 coverage=_RECIPE_CELLS + cov.direction_cells() + cov.edge_cells(cov.QUANT_EDGES)
-                + cov.product_cells(cov.family_cells("recipe", cov.FAMILIES),
+                + cov.product_cells(cov.family_cells("recipe"),
                                     cov.direction_cells())))
 register(OpSpec(name=Op.DEQUANTIZE, family="quantize", cases=dq_cases,
                 make_inputs=dq_make_inputs, call=dq_call, reference=dq_reference,

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from tealite import recipes as R
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding
 
-RECIPE_KINDS = tuple(cls.kind for cls in R.RECIPES)
 TE_RULE = FP8ScaleRule.FMAX_OVER_AMAX.value
 AITER_RULE = FP8ScaleRule.AMAX_OVER_FMAX.value
 FP8_SCALE_RULES = (TE_RULE, AITER_RULE)
@@ -51,31 +50,42 @@ def recipe_entry(recipe, scale: float | None = None) -> dict:
     return entry
 
 
-def recipes(kinds=RECIPE_KINDS, *, scale_rules=(TE_RULE,), **fields) -> st.SearchStrategy[dict]:
-    """Recipe entries of ``kinds``; current scaling under each of ``scale_rules`` (TE's only
-    by default: ops whose kernels have no other rule keep drawing what they run).  ``fields``
-    narrows a field's values (e.g. ``granularity=("row",)``) in the recipes that have it."""
+def narrowing(scale_rules=(TE_RULE,), **fields) -> dict[str, tuple]:
+    """The field values a draw (or a coverage cell) may take: ``fields`` narrows a field's
+    values (e.g. ``granularity=("row",)``) in the recipes that have it; current scaling
+    follows each of ``scale_rules`` (TE's only by default: ops whose kernels have no other
+    rule keep to what they run)."""
     unknown = set(scale_rules) - set(FP8_SCALE_RULES)
     if unknown or not scale_rules:
         raise ValueError(f"scale_rules must be a non-empty subset of {FP8_SCALE_RULES}, "
                          f"got {scale_rules!r}")
-    narrow = dict(fields, scale_rule=tuple(scale_rules))
+    return {k: tuple(v) for k, v in dict(fields, scale_rule=tuple(scale_rules)).items()}
+
+
+def recipes(classes=R.RECIPES, *, scale_rules=(TE_RULE,),
+            **fields) -> st.SearchStrategy[dict]:
+    """Recipe entries of the recipe ``classes``, narrowed as :func:`narrowing` says."""
+    classes = tuple(classes)
+    bad = [c for c in classes if c not in R.RECIPES]
+    if bad or not classes:
+        raise ValueError(f"classes must be a non-empty tuple of {[c.__name__ for c in R.RECIPES]}"
+                         f", got {bad or classes!r}")
+    narrow = narrowing(scale_rules, **fields)
     # Built once per argument set: specs call this inside composites, on every draw.
-    return _recipes(tuple(kinds), tuple(sorted((k, tuple(v)) for k, v in narrow.items())))
+    return _recipes(classes, tuple(sorted(narrow.items())))
 
 
 @functools.lru_cache(maxsize=None)
-def _recipes(kinds: tuple, narrow: tuple) -> st.SearchStrategy[dict]:
-    per_kind = []
-    for kind in kinds:
-        cls = R.BY_KIND[kind]
+def _recipes(classes: tuple, narrow: tuple) -> st.SearchStrategy[dict]:
+    per_class = []
+    for cls in classes:
         variants = [st.fixed_dictionaries({k: _values(k, v) for k, v in domain.items()})
                     .map(lambda kw, cls=cls: cls(**kw))
                     for domain in (_narrowed(d, dict(narrow)) for d in cls.domains()) if domain]
         if not variants:
-            raise ValueError(f"no {kind!r} recipe has field values {dict(narrow)}")
-        per_kind.append(st.one_of(*variants))  # the kind first, then its variant
-    return st.builds(recipe_entry, st.one_of(*per_kind), _GIVEN_SCALES)
+            raise ValueError(f"no {cls.__name__} recipe has field values {dict(narrow)}")
+        per_class.append(st.one_of(*variants))  # the class first, then its variant
+    return st.builds(recipe_entry, st.one_of(*per_class), _GIVEN_SCALES)
 
 
 def _narrowed(domain: dict, narrow: dict) -> dict | None:
@@ -99,6 +109,7 @@ def aiter_recipes() -> st.SearchStrategy[dict]:
     gfx942; the other is rejected by the FP8-variant check) and MXFP4 with EVEN scales and
     ties-away elements."""
     return st.one_of(
-        recipes(("current",), scale_rules=(AITER_RULE,), fmt=("e4m3", "e4m3fnuz")),
-        recipes(("mx",), fmt=("e2m1",), scale_rounding=(ScaleRounding.EVEN,),
+        recipes((R.Float8CurrentScaling,), scale_rules=(AITER_RULE,),
+                fmt=("e4m3", "e4m3fnuz")),
+        recipes((R.MXBlockScaling,), fmt=("e2m1",), scale_rounding=(ScaleRounding.EVEN,),
                 element_rounding=(ElementRounding.TIES_AWAY,)))

@@ -70,7 +70,7 @@ Declared numerics read here (``Backend.implements(numerics=...)``), besides the 
 Outputs the case does not require (``amax_required=False``: the op was called with
 ``return_amax=False``) may be absent; when present they are judged.
 
-e = 0 makes every check bit-exact against references/fused.py's quantize_rows (except the
+e = 0 makes every check bit-exact against recipe_rules.quantize of round32(y) (except the
 RCEIL byte excuse above, which the plain quantize tier grants for the same input).  Codes that
 differ from the quantization of round32(y_ref) under the backend's scale but lie inside the
 interval are counted in ``Metrics.excused``.  Pairwise (backend vs backend) each side is
