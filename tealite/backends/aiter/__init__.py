@@ -36,7 +36,9 @@ from typing import Any, Callable, Mapping
 import torch
 
 from tealite.backends.aiter_common.loader import SYNTHETIC  # the attribute marking its shell
+from tealite.formats import ScaleRounding
 from tealite.registry import Backend, register_backend
+from tealite.scoped import Scoped
 
 NAME = "aiter"
 
@@ -185,6 +187,21 @@ def common_why_not(params: Mapping[str, Any], *entry_points: str) -> str | None:
     if device not in rt.devices:
         return f"AITER runs on {list(rt.devices)}, not {device}"
     return why_missing(*entry_points)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Facts about AITER's HIP kernels here that decide what the family modules accept, read
+    through ``PLATFORM.get()``; a test simulates another platform for a block with
+    ``PLATFORM.override(...)`` (e.g. to exercise an adapter that no real case reaches yet)."""
+
+    # The tealite ScaleRounding equal to per_1x32_f4_quant_hip's scale rule (gfx950's
+    # v_cvt_scalef32_pk_fp4).  None: no tealite mode is that rule (quantize.py's docstring),
+    # so every MXFP4 quantize recipe is rejected.
+    mxfp4_scale_rounding: ScaleRounding | None = None
+
+
+PLATFORM: Scoped[Platform] = Scoped("aiter.PLATFORM", Platform)
 
 
 def rejecting(entry_point: str, reason: str):
