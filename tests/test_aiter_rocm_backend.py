@@ -1,8 +1,8 @@
 """The ``aiter`` backend (AITER's CK/ASM/HIP ops on ROCm) on a CPU, without ROCm or AITER.
 
-Nothing here runs AMD code.  A FAKE ``aiter`` module, injected into ``sys.modules`` (with
-``torch.version.hip`` / ``torch.cuda.is_available`` patched so the probe passes), implements
-the entry points with torch and *asserts the argument layouts the real API wants* (scale
+Nothing here runs AMD code.  A FAKE ``aiter`` module, injected into ``sys.modules`` (on a
+simulated ROCm GPU, ``A.PLATFORM.override(rocm=True, gpu_visible=True)``, so the probe
+passes), implements the entry points with torch and *asserts the argument layouts the real API wants* (scale
 shapes, shuffled weights un-shuffled by the independent reference maps, e8m0-shuffled scales,
 padded rows).  So these tests prove the adapters, the rejections and the version handling, and
 that the differential runner judges the backend -- not AITER's numerics, which need an MI300 /
@@ -155,16 +155,15 @@ def make_fake(arch: str = "gfx950", drop: tuple[str, ...] = ()) -> types.ModuleT
 
 @pytest.fixture
 def install(monkeypatch):
-    """install(fake): make ``fake`` the imported AITER and the probe pass (restored after)."""
-    monkeypatch.setattr(torch.version, "hip", "6.4.0-fake")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-
+    """install(fake): make ``fake`` the imported AITER and the probe pass on a simulated ROCm
+    GPU (restored after)."""
     def put(fake):
         monkeypatch.setitem(sys.modules, "aiter", fake)
         A.reset()
         return fake
 
-    yield put
+    with A.PLATFORM.override(rocm=True, gpu_visible=True):
+        yield put
     A.reset()
 
 

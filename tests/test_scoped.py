@@ -73,7 +73,7 @@ def test_the_backends_hold_their_platform_facts_in_scoped_holders():
     not a silently ignored override."""
     from tealite.backends import _triton_interpreter, aiter, triton
     expected = {
-        aiter.PLATFORM: {"mxfp4_scale_rounding"},
+        aiter.PLATFORM: {"rocm", "gpu_visible", "mxfp4_scale_rounding"},
         triton.PLATFORM: {"rocm", "native_fp8_formats", "max_row_in_registers"},
     }
     if triton.HAVE_TRITON:
