@@ -140,9 +140,9 @@ def mx_codes_under(t: torch.Tensor, biased: torch.Tensor, recipe, rounding=None,
     e = biased.to(torch.int32) - 127
     scaled = torch.ldexp(blocks.double(), (-e).unsqueeze(-1).double()).float()
     if fmt.packed:
-        codes = TQB._e2m1_codes(scaled, rounding)
+        codes = TQB.e2m1_codes(scaled, rounding)
     else:
-        cast = TQB._fp8_cast_rne if rounding is ElementRounding.RNE else TQB._fp8_cast_ties_away
+        cast = TQB.fp8_cast_rne if rounding is ElementRounding.RNE else TQB.fp8_cast_ties_away
         codes = cast(scaled, fmt).view(torch.uint8)
     codes = torch.where((biased == E8M0_NAN).unsqueeze(-1), torch.zeros_like(codes), codes)
     codes = codes.reshape(m, nb * block)[:, :k]
@@ -286,7 +286,7 @@ def _f64_rule(t, r, s):
     return rceil_float64(mx_block_amax(t).numpy(), r.fmt)
 
 
-_RNE_CAST = TQB._fp8_cast_rne
+_RNE_CAST = TQB.fp8_cast_rne
 
 
 # seeded bug (7), test_quant_seeded_bugs.py: the wrong twin of mx_backend_with_scales
@@ -311,7 +311,7 @@ def _rescaling_fn(own_rule, source):
                     else codes.view(fmt.torch_dtype).float())
             shift = torch.from_numpy(s.astype(np.int64) - own).repeat_interleave(32, 1)[:, :k]
             moved = torch.ldexp(vals, shift.float())
-            new = (TQB._e2m1_codes(moved, r.element_rounding) if fmt.packed
+            new = (TQB.e2m1_codes(moved, r.element_rounding) if fmt.packed
                    else _RNE_CAST(moved, fmt).view(torch.uint8))
             codes = torch.where(shift != 0, new, codes)
             data = TQB._pack_nibbles(codes) if fmt.packed else codes.view(fmt.torch_dtype)

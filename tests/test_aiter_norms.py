@@ -15,6 +15,7 @@ import triton.language as tl
 
 from tealite import registry
 from tealite.backends.aiter_common import contracts
+from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import INTERPRET, NAME
 from tealite.backends.aiter_triton import norms as N
 from tealite_verify.runner import run_case
@@ -173,15 +174,25 @@ def test_interpreter_bf16_conversion_is_the_cause(at):
     assert not torch.equal(y16, y32.bfloat16())  # RNE (what a GPU stores) differs
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's bf16 rejection")
+def test_lifting_the_bf16_rejection_is_scoped_to_its_block():
+    """The strict xfail below must fail for the lifted run, not for a rejection still in place."""
+    assert N.interpreter_bf16_reason(torch.bfloat16) is not None
+    with aiter_triton.lift_platform_rejections(bf16_in_interpreter=True):
+        assert N.interpreter_bf16_reason(torch.bfloat16) is None
+    assert N.interpreter_bf16_reason(torch.bfloat16) is not None
+    assert N.interpreter_bf16_reason(torch.float32) is None
+
+
 @pytest.mark.xfail(INTERPRET, strict=True,
                    reason="interpreter: fp32 -> bf16 truncates (proof: "
                           "test_interpreter_bf16_conversion_is_the_cause)")
 @pytest.mark.parametrize("op", ["rmsnorm_fwd", "layernorm_fwd"])
-def test_bf16_norms_under_the_interpreter_fail_only_there(op, monkeypatch):
+def test_bf16_norms_under_the_interpreter_fail_only_there(op):
     """With the interpreter check lifted, bf16 norms fail in the interpreter (strict xfail: if
     the interpreter gets fixed this XPASSes and the rejection must go); on a GPU they pass."""
-    monkeypatch.setattr(N, "interpreter_bf16_reason", lambda dtype: None)
-    rep = report(op, case(op, dtype="bfloat16", shape=(16, 96)))
+    with aiter_triton.lift_platform_rejections(bf16_in_interpreter=True):
+        rep = report(op, case(op, dtype="bfloat16", shape=(16, 96)))
     assert rep.outcomes[NAME].status == "ok" and rep.verdict == "pass", rep.describe()
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tealite import recipes as R
 from tealite import registry
 from tealite.backends.aiter_common.contracts import contracts
+from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import INTERPRET
 from tealite.ops.layouts import unshuffle_e8m0_scales
 from tealite_verify import profiles
@@ -113,10 +114,10 @@ def test_each_entry_point_matches_the_reference(name):
 
 @pytest.mark.parametrize("entry", ["gemm_afp4wfp4", "gemm_afp4wfp4_preshuffled_scales",
                                    "gemm_afp4wfp4_preshuffled_weight_scales"])
-def test_every_mxfp4_entry_point_runs_the_same_case(monkeypatch, entry):
+def test_every_mxfp4_entry_point_runs_the_same_case(entry):
     """One shape all three accept (M >= 32, N % 32 == 0, K % 256 == 0), forced to each."""
-    monkeypatch.setattr(Q, "MXFP4_PREFERENCE", (entry,))
-    report = _run(_case(_mx(), _mx(), "NN", 33, 32, 256))
+    with Q.ROUTING.override(mxfp4_preference=(entry,)):
+        report = _run(_case(_mx(), _mx(), "NN", 33, 32, 256))
     assert ran(report).numerics.entry_point == entry
     assert report.verdict == "pass", report.describe()
 
@@ -334,14 +335,14 @@ def test_split_k_that_is_not_whole_k_steps_is_rejected_and_would_be_wrong(monkey
     assert reason is not None and "overlapping K ranges" in reason, reason
 
 
-def test_an_fp8_k_step_below_nvidias_dot_minimum_is_refused_there(monkeypatch):
+def test_an_fp8_k_step_below_nvidias_dot_minimum_is_refused_there():
     """Found by fuzzing on an H100: blockscale with K = 9 shrank AITER's K step to 16, and
     NVIDIA's FP8 tl.dot refuses K < 32 at compile time (the backend raised).  Refused on
     NVIDIA with the reason; other platforms (the interpreter here) still run it."""
     p = {"m": 4, "n": 8, "k": 9, "bias": False, "device": "cuda"}
     assert Q._entry_reason(Q.A8W8_BLOCK, p) is None  # not NVIDIA (interpreter / ROCm)
-    monkeypatch.setattr(Q, "nvidia", lambda params: True)
-    why = Q._entry_reason(Q.A8W8_BLOCK, p)
-    assert why is not None and "below the 32 NVIDIA's FP8 tl.dot compiles" in why
-    big = dict(p, k=256)
-    assert Q._entry_reason(Q.A8W8_BLOCK, big) is None  # a whole 128-long K step is fine
+    with aiter_triton.PLATFORM.override(nvidia=True):
+        why = Q._entry_reason(Q.A8W8_BLOCK, p)
+        assert why is not None and "below the 32 NVIDIA's FP8 tl.dot compiles" in why
+        big = dict(p, k=256)
+        assert Q._entry_reason(Q.A8W8_BLOCK, big) is None  # a whole 128-long K step is fine

@@ -262,9 +262,10 @@ def test_interpreter_bf16_subnormal_load_is_wrong():
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="Triton interpreter's bf16 subnormal load (proof above)")
 @needs_aiter
-def test_mxfp4_bf16_subnormals_without_the_fp32_handover(monkeypatch):
-    monkeypatch.setattr(AQ, "INTERPRET", False)  # hand bf16 x to AITER's kernel as is
-    _assert_pass(_run(MX_CASES[2], "cpu"))
+def test_mxfp4_bf16_subnormals_without_the_fp32_handover():
+    # Simulate a platform whose bf16 loads are right: bf16 x goes to AITER's kernel as is.
+    with aiter_triton.PLATFORM.override(misreads_bf16_subnormals=False):
+        _assert_pass(_run(MX_CASES[2], "cpu"))
 
 
 def _aiter_mx(x, device):

@@ -1,8 +1,8 @@
 """The ``aiter`` backend (AITER's CK/ASM/HIP ops on ROCm) on a CPU, without ROCm or AITER.
 
-Nothing here runs AMD code.  A FAKE ``aiter`` module, injected into ``sys.modules`` (with
-``torch.version.hip`` / ``torch.cuda.is_available`` patched so the probe passes), implements
-the entry points with torch and *asserts the argument layouts the real API wants* (scale
+Nothing here runs AMD code.  A FAKE ``aiter`` module, injected into ``sys.modules`` (on a
+simulated ROCm GPU, ``A.PLATFORM.override(rocm=True, gpu_visible=True)``, so the probe
+passes), implements the entry points with torch and *asserts the argument layouts the real API wants* (scale
 shapes, shuffled weights un-shuffled by the independent reference maps, e8m0-shuffled scales,
 padded rows).  So these tests prove the adapters, the rejections and the version handling, and
 that the differential runner judges the backend -- not AITER's numerics, which need an MI300 /
@@ -155,16 +155,15 @@ def make_fake(arch: str = "gfx950", drop: tuple[str, ...] = ()) -> types.ModuleT
 
 @pytest.fixture
 def install(monkeypatch):
-    """install(fake): make ``fake`` the imported AITER and the probe pass (restored after)."""
-    monkeypatch.setattr(torch.version, "hip", "6.4.0-fake")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-
+    """install(fake): make ``fake`` the imported AITER and the probe pass on a simulated ROCm
+    GPU (restored after)."""
     def put(fake):
         monkeypatch.setitem(sys.modules, "aiter", fake)
         A.reset()
         return fake
 
-    yield put
+    with A.PLATFORM.override(rocm=True, gpu_visible=True):
+        yield put
     A.reset()
 
 
@@ -283,14 +282,16 @@ def test_act_fwd_adapter(install, kind, entry_point):
     assert_ran(report, outcome, entry_point, fake)
 
 
-def test_mxfp4_quantize_adapter_when_the_rule_is_accepted(install, monkeypatch):
+def test_mxfp4_quantize_adapter_when_the_rule_is_accepted(install):
     """Every tealite MXFP4 recipe is rejected today (no tealite mode is HIP's rule); with the
-    accepted mode patched to the one the fake computes, the adapter's layouts are judged."""
+    platform's rule simulated as the one the fake computes, the adapter's layouts are judged."""
     fake = install(make_fake())
-    monkeypatch.setattr(aquant, "HIP_MXFP4_SCALE_ROUNDING", ScaleRounding.EVEN)
     case = {"recipe": dict(MX4, scale_rounding="even"), "dtype": "bfloat16", "shape": [64, 96],
             "rowwise": True, "columnwise": True, "pad": False, "dist": _N1, "seed": 3}
-    report, outcome = run("quantize", case)
+    _, rejected = run("quantize", case)
+    assert rejected.status == "unsupported" and "per_1x32_f4_quant_hip" in rejected.reason
+    with A.PLATFORM.override(mxfp4_scale_rounding=ScaleRounding.EVEN):
+        report, outcome = run("quantize", case)
     assert_ran(report, outcome, "per_1x32_f4_quant_hip", fake)
 
 
@@ -345,12 +346,12 @@ def test_seeded_wrong_activation_kernel_is_caught(install):
 
 def test_seeded_shuffled_quant_scales_are_caught(install, monkeypatch):
     install(make_fake())
-    monkeypatch.setattr(aquant, "HIP_MXFP4_SCALE_ROUNDING", ScaleRounding.EVEN)
     monkeypatch.setattr(aquant, "_mxfp4_rows", lambda fn, x2: tuple(
         t.view(torch.uint8) for t in fn(x2.contiguous(), shuffle=True)))
-    _fails("quantize", {"recipe": dict(MX4, scale_rounding="even"), "dtype": "bfloat16",
-                        "shape": [32, 64], "rowwise": True, "columnwise": False, "pad": False,
-                        "dist": _N1, "seed": 2})
+    with A.PLATFORM.override(mxfp4_scale_rounding=ScaleRounding.EVEN):
+        _fails("quantize", {"recipe": dict(MX4, scale_rounding="even"), "dtype": "bfloat16",
+                            "shape": [32, 64], "rowwise": True, "columnwise": False,
+                            "pad": False, "dist": _N1, "seed": 2})
 
 
 # ---- version awareness and rejections --------------------------------------------------------

@@ -240,20 +240,75 @@ def test_no_backend_imports_another():
     assert not cross_backend_imports(GRAPH, set(IN_TREE_BACKENDS))
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _backend_bindings(tree: ast.AST) -> dict[str, str]:
+    """The names a file binds to a backend module or object: local name -> dotted path."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "tealite.backends"):
+            bound |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname: a.name for a in node.names
+                      if a.asname and a.name.startswith("tealite.backends")}
+    return bound
+
+
+def _backend_path(node: ast.AST, bound: dict[str, str]) -> str | None:
+    """The dotted path of a backend module or object that ``node`` (a name, or an attribute
+    chain such as ``tealite.backends.torch.quantize``) denotes; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    dotted = ".".join([bound.get(node.id, node.id)] + parts[::-1])
+    return dotted if node.id in bound or dotted.startswith("tealite.backends.") else None
+
+
+def _private_string(node: ast.AST) -> str | None:
+    ok = isinstance(node, ast.Constant) and isinstance(node.value, str) and _private(node.value)
+    return node.value if ok else None
+
+
+def _reached(tree: ast.AST, bound: dict[str, str]) -> list[str]:
+    """The backend's private names a file reaches: ``X._name`` for a backend-bound X, and a
+    backend-bound X followed by a string ``"_name"`` in a call's arguments or in a tuple
+    (``patched(X, "_name", f)``, ``with_patches((X, "_name", f))``, ``getattr``, ...)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = _backend_path(node.value, bound)
+            out += [f"{owner}.{node.attr}"] if owner else []
+        pairs = node.args if isinstance(node, ast.Call) else \
+            node.elts if isinstance(node, ast.Tuple) else []
+        for owner, name in zip(pairs, pairs[1:]):
+            path, private = _backend_path(owner, bound), _private_string(name)
+            out += [f"{path}.{private}"] if path and private else []
+    return out
+
+
 def private_backend_names(root: Path = ROOT, package: str = "tealite_verify") -> list[str]:
-    """Imports in ``package`` of a backend's private module or name (``_``-prefixed)."""
+    """Where ``package`` reaches a backend's private module or name (``_``-prefixed): in an
+    import, an attribute access on a backend module, or a name handed as a string to
+    ``patched`` / ``with_patches`` (or any call or tuple) beside a backend module."""
     bad = []
     for path in sorted((root / package).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        names = []
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
                     "tealite.backends"):
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names if a.name.startswith("tealite.backends")]
-            else:
-                continue
-            bad += [f"{_module_name(path, root)}: {n}" for n in names
-                    if any(p.startswith("_") for p in n.split("."))]
+                names += [a.name for a in node.names if a.name.startswith("tealite.backends")]
+        names = [n for n in names if any(_private(p) for p in n.split("."))]
+        bad += [f"{_module_name(path, root)}: {n}"
+                for n in names + _reached(tree, _backend_bindings(tree))]
     return sorted(set(bad))
 
 
@@ -267,9 +322,25 @@ def test_the_backend_boundary_checks_can_fail(tmp_path):
         "from tealite.backends.aiter import _triton_loader\n"
         "from tealite.backends.aiter_triton.quantize import _fp8_name, entry_point\n"
         "import tealite.backends.torch.quantize\n")
+    (tmp_path / "tealite_verify" / "b.py").write_text(
+        "import tealite.backends.torch.fused\n"
+        "import tealite.backends.triton.qgemm as tq\n"
+        "from tealite.backends.torch import quantize as TQB\n"
+        "from tealite_verify.mutate.base import patched, with_patches\n"
+        "from tealite_verify.mutate import base\n"
+        "_RNE = TQB._fp8_cast_rne\n"                                # attribute access
+        "y = tealite.backends.torch.fused._rows(1)\n"                 # on a dotted module path
+        "M = with_patches((TQB, '_mx_exponent', f), (TQB, 'fp8_cast_rne', f))\n"
+        "with base.patched(tq, '_launch_one', f):\n"                 # a name as a string
+        "    pass\n"
+        "ok = (TQB.fp8_cast_rne, TQB.__name__, other._private, (other, '_x'), tq.DEVICES)\n")
     assert private_backend_names(tmp_path) == [
         "tealite_verify.a: tealite.backends.aiter._triton_loader",
-        "tealite_verify.a: tealite.backends.aiter_triton.quantize._fp8_name"]
+        "tealite_verify.a: tealite.backends.aiter_triton.quantize._fp8_name",
+        "tealite_verify.b: tealite.backends.torch.fused._rows",
+        "tealite_verify.b: tealite.backends.torch.quantize._fp8_cast_rne",
+        "tealite_verify.b: tealite.backends.torch.quantize._mx_exponent",
+        "tealite_verify.b: tealite.backends.triton.qgemm._launch_one"]
     graph = {"tealite.backends.aiter_triton": {"tealite.backends.aiter.contracts"},
              "tealite.backends.aiter": {"tealite.backends.aiter_common.loader"}}
     assert cross_backend_imports(graph, {"tealite.backends.aiter",

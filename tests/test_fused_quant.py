@@ -84,7 +84,7 @@ def y_fp32(op, x, *args, **kw):
 def register(make_backend, op, y_fn=lambda y: y, quant=None, x_fn=lambda x: x):
     """A backend for ``op``: the torch composition with y -> y_fn(y) before quantizing and
     ``quant(y2d, recipe, scale)`` (default: the torch quantize) as the quantizer."""
-    quant = quant or TF._quantize_rows_fp32
+    quant = quant or TF.quantize_rows_fp32
     b = make_backend("fused_" + op.split("_")[0])
 
     def finish(y32, recipe, scale):
@@ -111,7 +111,7 @@ def register(make_backend, op, y_fn=lambda y: y, quant=None, x_fn=lambda x: x):
 def with_recipe(change):
     """A quantizer that runs the torch quantize under a changed recipe."""
     def quant(y2, recipe, scale):
-        return TF._quantize_rows_fp32(y2, change(recipe), scale)
+        return TF.quantize_rows_fp32(y2, change(recipe), scale)
     return quant
 
 
@@ -341,22 +341,22 @@ def test_scale_one_exponent_off_is_caught(make_backend, name):
     pass for MX): the scale check catches it."""
     if name == "mx":
         def quant(y2, recipe, scale):
-            q = TF._quantize_rows_fp32(y2, recipe, scale)
+            q = TF.quantize_rows_fp32(y2, recipe, scale)
             e = q.scale_inv.int() + 1 - 127
             v = torch.ldexp(y2.reshape(y2.shape[0], -1, 32).double(), -e[..., None].double())
-            q.data = TQB._fp8_cast_rne(v.float(), get_format(recipe.fmt)).reshape(y2.shape)
+            q.data = TQB.fp8_cast_rne(v.float(), get_format(recipe.fmt)).reshape(y2.shape)
             q.scale_inv = (e + 127).to(torch.uint8)
             return q
     elif name == "row":
         def quant(y2, recipe, scale):
             s = 2 * TQB._te_scale(y2.abs().amax(1), get_format(recipe.fmt), False, 0.0)
-            q = TF._quantize_rows_fp32(y2, recipe, scale)
-            q.data = TQB._fp8_cast_rne(y2 * s[:, None], get_format(recipe.fmt))
+            q = TF.quantize_rows_fp32(y2, recipe, scale)
+            q.data = TQB.fp8_cast_rne(y2 * s[:, None], get_format(recipe.fmt))
             q.scale_inv = torch.reciprocal(s)
             return q
     else:
         def quant(y2, recipe, scale):
-            q = TF._quantize_rows_fp32(y2, recipe, 2 * scale)
+            q = TF.quantize_rows_fp32(y2, recipe, 2 * scale)
             q.scale_inv = torch.reciprocal(2 * scale)
             return q
     op = "rmsnorm_fwd_quantize"

@@ -70,7 +70,7 @@ def act_backend(make_backend, y_of):
 
     @b.implements("act_fwd_quantize", dtypes=FLOATS)
     def fn(x, recipe, *, kind, scale):
-        return TF._quantize_rows_fp32(y_of(x, kind), recipe, scale)
+        return TF.quantize_rows_fp32(y_of(x, kind), recipe, scale)
     return b.name
 
 
@@ -90,12 +90,12 @@ def norm_backend(make_backend, op, fix_inputs=lambda t: t, fix_y=lambda y: y):
         def fn(x, gamma, beta, recipe, *, eps, zero_centered_gamma, scale):
             y, mean, rs = TNORM.layernorm_fwd(*(fix_inputs(t.float()) for t in (x, gamma, beta)),
                                               eps=eps, zero_centered_gamma=zero_centered_gamma)
-            return TF._quantize_rows_fp32(fix_y(y), recipe, scale), mean, rs
+            return TF.quantize_rows_fp32(fix_y(y), recipe, scale), mean, rs
     else:
         def fn(x, gamma, recipe, *, eps, zero_centered_gamma, scale):
             y, rs = TNORM.rmsnorm_fwd(*(fix_inputs(t.float()) for t in (x, gamma)), eps=eps,
                                       zero_centered_gamma=zero_centered_gamma)
-            return TF._quantize_rows_fp32(fix_y(y), recipe, scale), rs
+            return TF.quantize_rows_fp32(fix_y(y), recipe, scale), rs
     b.implements(op, dtypes=FLOATS)(fn)
     return b.name
 

@@ -114,16 +114,16 @@ def test_plugin_registers_from_the_environment():
 def test_patch_is_seen_only_by_the_mutant_thread():
     from tealite.backends.torch import quantize as TQB
     seen = {}
-    original = TQB._fp8_cast_rne
-    with base.patched(TQB, "_fp8_cast_rne", lambda orig: (lambda v, fmt: "mutated")):
-        seen["here"] = TQB._fp8_cast_rne(None, None)
+    original = TQB.fp8_cast_rne
+    with base.patched(TQB, "fp8_cast_rne", lambda orig: (lambda v, fmt: "mutated")):
+        seen["here"] = TQB.fp8_cast_rne(None, None)
         t = threading.Thread(target=lambda: seen.__setitem__(
-            "other", TQB._fp8_cast_rne(torch.ones(2), _fmt("e4m3"))))
+            "other", TQB.fp8_cast_rne(torch.ones(2), _fmt("e4m3"))))
         t.start()
         t.join()
     assert seen["here"] == "mutated"
     assert seen["other"].dtype == torch.float8_e4m3fn
-    assert TQB._fp8_cast_rne is original
+    assert TQB.fp8_cast_rne is original
 
 
 def _fmt(name):

@@ -35,7 +35,7 @@ from _helpers_quant import (NORMAL, TORCH_Q, _RNE_CAST, _block, _current, _f64_r
                             mx_backend_with_scales, qcase, register_quantize, run)
 
 _TE_SCALE = TQB._te_scale
-_MX_EXPONENT = TQB._mx_exponent
+_MX_EXPONENT = TQB.mx_exponent
 
 
 # ============================================================================================
@@ -75,7 +75,7 @@ def test_fp8_cast_rtz_helper_truncates():
 def test_wrong_fp8_rtz_instead_of_rne(make_backend, case):
     """(1) FP8 element rounding by truncation."""
     def fn(x, recipe, **kw):
-        with mock.patch.object(TQB, "_fp8_cast_rne", _fp8_cast_rtz):
+        with mock.patch.object(TQB, "fp8_cast_rne", _fp8_cast_rtz):
             return TORCH_Q(x, recipe, **kw)
     name = register_quantize(make_backend, "rtz", fn)
     report = assert_caught("quantize", case, name, outputs=["data", "columnwise_data"])
@@ -191,7 +191,7 @@ def test_wrong_fnuz_max_448(make_backend, case, frac):
     saturates at 240, so the largest values are clipped."""
     def fn(x, recipe, **kw):
         with mock.patch.object(TQB, "_te_scale", _te_scale_448), \
-                mock.patch.object(TQB, "_mx_exponent", _mx_exponent_448):
+                mock.patch.object(TQB, "mx_exponent", _mx_exponent_448):
             return TORCH_Q(x, recipe, **kw)
     name = register_quantize(make_backend, "fnuz448", fn)
     report = assert_caught("quantize", case, name, outputs=["scale_inv"])

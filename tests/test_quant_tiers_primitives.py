@@ -262,7 +262,7 @@ def test_fp4_ties_at_quarter_excused():
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "e5m2", "e4m3fnuz"])
 def test_torch_rceil_subnormal_power_of_two_ratio(fmt):
-    """Torch _mx_exponent RCEIL tests a power of two by the frexp mantissa (0.5), which holds
+    """Torch mx_exponent RCEIL tests a power of two by the frexp mantissa (0.5), which holds
     for the subnormal fp32 ratio 2^-127 too: amax = max * 2^-127 gives byte 0 (the
     exponent-field test used to miss it and give byte 1, excused by the ambiguity zone)."""
     a = F32(get_format(fmt).max * 2.0 ** -127)

@@ -26,12 +26,12 @@ def test_probe_runs_the_loop_here():
 
 
 @pytest.mark.parametrize("backend", ["triton", "aiter_triton"])
-def test_a_gap_makes_the_backend_unavailable_with_the_reason(monkeypatch, backend):
+def test_a_gap_makes_the_backend_unavailable_with_the_reason(backend):
     why = "Triton 3.6.0's interpreter cannot run a loop bounded by a runtime scalar"
-    monkeypatch.setattr(_triton_interpreter, "runtime_loop_gap", lambda: why)
-    assert registry.get_backend(backend).unavailable_reason() == why
-    report = run_case(get_spec("gemm"), dict(GEMM, dtype="float16", out_dtype="float16"),
-                      backends=[backend, "torch"])
+    with _triton_interpreter.INTERPRETER.override(runtime_loop_gap=why):
+        assert registry.get_backend(backend).unavailable_reason() == why
+        report = run_case(get_spec("gemm"), dict(GEMM, dtype="float16", out_dtype="float16"),
+                          backends=[backend, "torch"])
     assert report.outcomes[backend].status == "unavailable"
     assert why in report.outcomes[backend].reason
     assert report.verdict == "pass"  # not an error finding

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from tealite import registry
 from tealite import recipes as R
+from tealite.backends import triton as triton_backend
 from tealite.backends.triton import INTERPRET
 from tealite_verify.tiers import gemm as TG
 from tealite_verify.references import quantize as qref
@@ -186,9 +187,16 @@ def _params(kind, fmt_a, fmt_b, k, device):
     return {"kind": kind, "fmt_a": fmt_a, "fmt_b": fmt_b, "k": k, "device": device}
 
 
-def test_numerics_declare_hopper_fp8_accumulation_only_on_native_cuda_dots(monkeypatch):
-    monkeypatch.setattr(tq, "_native_fp8_formats", lambda device: frozenset({"e4m3", "e5m2"}))
-    monkeypatch.setattr(torch.version, "hip", None)
+@pytest.fixture
+def hopper():
+    """A simulated NVIDIA sm_90: a CUDA build of torch whose tensor cores multiply e4m3 and
+    e5m2 natively (the numerics below are declared from the platform, not measured)."""
+    with triton_backend.PLATFORM.override(rocm=False,
+                                          native_fp8_formats=frozenset({"e4m3", "e5m2"})):
+        yield
+
+
+def test_numerics_declare_hopper_fp8_accumulation_only_on_native_cuda_dots(hopper):
     k = 4096
     fp8 = tq._numerics(_params("fp8", "e4m3", "e5m2", k, "cuda"))
     assert fp8["accumulator_unit_roundoff"] == 2.0**-13
@@ -212,7 +220,7 @@ def test_numerics_declare_hopper_fp8_accumulation_only_on_native_cuda_dots(monke
 
 @pytest.mark.parametrize("fmts", [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e2m1", "e4m3"),
                                   ("e4m3fnuz", "e2m1")])
-def test_mx_numerics_are_the_base_model_at_the_tensor_cores_rounding(monkeypatch, fmts):
+def test_mx_numerics_are_the_base_model_at_the_tensor_cores_rounding(hopper, fmts):
     """MX declares exact products and fp32 sums: no operand term (both paths scale by powers
     of two exactly) and no 14-bit FP8 accumulator (it has no FP8 dot); on NVIDIA the bf16
     tensor cores' truncating accumulation (u = 2^-23), in the interpreter plain fp32.  Tighter
@@ -220,8 +228,6 @@ def test_mx_numerics_are_the_base_model_at_the_tensor_cores_rounding(monkeypatch
     looser at K = 4096), the interpreter an operand term.  (Decoded formats on NVIDIA had
     round-to-nearest tensor-core sums plus an operand term; the H100 measurement behind
     gemm._TENSOR_CORE_U showed those sums truncate, so that one was not the truth.)"""
-    monkeypatch.setattr(tq, "_native_fp8_formats", lambda device: frozenset({"e4m3", "e5m2"}))
-    monkeypatch.setattr(torch.version, "hip", None)
     k = 4096
     assert tq._numerics(_params("mx", *fmts, k, "cpu")) == {"compute_dtype": torch.float32}
     cuda = tq._numerics(_params("mx", *fmts, k, "cuda"))

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(TRITON.unavailable_reason() is not None,
 triton = pytest.importorskip("triton")
 tl = triton.language
 
+from tealite.backends import triton as triton_backend  # noqa: E402
 from tealite.backends.triton import INTERPRET  # noqa: E402
 from tealite.backends.triton import _codecs as C  # noqa: E402
 from tealite.backends.triton import dequantize as TDQ  # noqa: E402
@@ -503,14 +504,14 @@ def test_layout_matches_torch_backend(recipe, shape):
 def test_long_rows_take_the_tiled_per_row_path(monkeypatch):
     """Per-row rows longer than the register limit go through the two tiled passes (here
     with the limit lowered so the interpreter stays fast) and still match the reference."""
-    monkeypatch.setattr(TQ, "_MAX_ROW", 16)
     case = _case({"kind": "current", "fmt": "e5m2", "granularity": "row",
                   "force_pow2_scales": True, "amax_epsilon": 0.0, "saturation": "saturate"},
                  (9, 100), rowwise=True, columnwise=False, dist={"kind": "specials", "frac": 0.05})
     calls = []
     real = TQ._per_row_tiles
     monkeypatch.setattr(TQ, "_per_row_tiles", lambda *a: calls.append(1) or real(*a))
-    report = run_case(get_spec("quantize"), case, backends=["triton", "torch"], device=DEV)
+    with triton_backend.PLATFORM.override(max_row_in_registers=16):
+        report = run_case(get_spec("quantize"), case, backends=["triton", "torch"], device=DEV)
     assert report.verdict == "pass" and calls, report.describe()
 
 

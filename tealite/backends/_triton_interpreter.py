@@ -6,15 +6,37 @@ a loop bounded by a runtime scalar, ``for i in range(0, tl.cdiv(n, BLOCK))``, ra
 ``TypeError: only 0-dimensional arrays can be converted to Python scalars`` (the
 interpreter's ``__index__`` calls ``int()`` on a 1-element array, which numpy 2.5 refuses);
 triton 3.9 with numpy 2.4 runs it.  Every GEMM / reduction kernel has such a loop.
+
+The backends read the probes' findings through :data:`INTERPRETER` (:func:`runtime_loop_gap`);
+a test simulates another Triton / numpy for a block with ``INTERPRETER.override(...)``.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+
+from tealite.scoped import Scoped
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """What the probes found about Triton's interpreter in this environment."""
+
+    runtime_loop_gap: str | None  # why it cannot run a runtime-bounded loop (None: it can)
+
+
+INTERPRETER: Scoped[Interpreter] = Scoped(
+    "triton_interpreter.INTERPRETER",
+    lambda: Interpreter(runtime_loop_gap=_probe_runtime_loop_gap()))
+
+
+def runtime_loop_gap() -> str | None:
+    """None when the interpreter runs a runtime-bounded loop; else why not (one line)."""
+    return INTERPRETER.get().runtime_loop_gap
 
 
 @functools.lru_cache(maxsize=None)
-def runtime_loop_gap() -> str | None:
-    """None when the interpreter runs a runtime-bounded loop; else why not (one line)."""
+def _probe_runtime_loop_gap() -> str | None:
     import numpy
     import torch
     import triton

@@ -114,7 +114,9 @@ def on_output(change: Callable, index: int | None = None) -> Callable[[Callable]
 
 def with_patches(*patches: tuple) -> Callable[[Callable], Callable]:
     """A bug inside the torch backend: ``(module, attribute, make_replacement)`` triples, each
-    ``make_replacement(original)`` swapped in while the mutant runs (see :func:`patched`)."""
+    ``make_replacement(original)`` swapped in while the mutant runs (see :func:`patched`).  The
+    attribute is one of the backend's public building blocks, never a ``_``-prefixed name
+    (tests/test_architecture.py checks)."""
     def wrap(fn):
         def mutated(*args, **kwargs):
             with contextlib.ExitStack() as stack:

@@ -23,7 +23,7 @@ def _ln_y_rounded_to_input_dtype(fn):
     def mutated(x, gamma, beta, recipe, *, eps, zero_centered_gamma, scale):
         y, mean, rsigma = torch_norms.layernorm_fwd(x, gamma, beta, eps=eps,
                                                     zero_centered_gamma=zero_centered_gamma)
-        return torch_fused._quantize_rows_fp32(y.float(), recipe, scale), mean, rsigma
+        return torch_fused.quantize_rows_fp32(y.float(), recipe, scale), mean, rsigma
     return mutated
 
 
@@ -42,11 +42,11 @@ for _m in (
              with_params(lambda kw: dict(kw, zero_centered_gamma=False))),
     Mutation("rmsnorm_fwd_quantize.mx_scale_floor_for_rceil", "rmsnorm_fwd_quantize",
              "rounding-mode", "MX scale exponent by FLOOR where the recipe says RCEIL",
-             with_patches((TQB, "_mx_exponent",
+             with_patches((TQB, "mx_exponent",
                            _scale_mode_swapped({ScaleRounding.RCEIL: ScaleRounding.FLOOR})))),
     Mutation("act_fwd_quantize.fp8_truncation", "act_fwd_quantize", "rounding-mode",
              "FP8 element codes rounded toward zero", with_patches(
-                 (TQB, "_fp8_cast_rne", fp8_cast_truncating))),
+                 (TQB, "fp8_cast_rne", fp8_cast_truncating))),
     Mutation("act_fwd_quantize.scale_inv_exponent_up", "act_fwd_quantize", "scale-exponent",
              "FP8 scale_inv x 2, codes untouched", on_output(_fp8_scale_inv_doubled)),
 ):

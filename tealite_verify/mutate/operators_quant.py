@@ -3,9 +3,11 @@
 one, packed nibbles swapped, scales along the wrong axis, FNUZ / OCP confused, saturation
 dropped or forced, amax taken from the output, tails corrupted, history reductions swapped.
 
-Rounding-mode bugs replace one of the torch backend's helpers (``_fp8_cast_rne``,
-``_e2m1_codes``, ``_mx_exponent``, ...) while the mutant runs (``base.patched``), so every
-recipe path that uses the helper gets the bug, as a kernel with a wrong cast would.
+Rounding-mode bugs replace one of the torch backend's public numerics building blocks
+(``fp8_cast_rne``, ``e2m1_codes``, ``mx_exponent``, ...: listed in
+``tealite/backends/torch/quantize.py``'s docstring) while the mutant runs (``base.patched``),
+so every recipe path that uses it gets the bug, as a kernel with a wrong cast would.  Only
+public names: tests/test_architecture.py fails on a private one.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def _e2m1_rounding_swapped(original):
 def _e2m1_truncating(original):
     """E2M1 by truncation: the largest representable magnitude not above |v| (saturating)."""
     def codes(v, rounding):
-        values = TQB._E2M1_VALUES.to(v.device)
+        values = TQB.E2M1_VALUES.to(v.device)
         a = v.abs().clamp(max=6.0)
         idx = (a.unsqueeze(-1) >= values[1:]).sum(-1)
         sign = torch.signbit(v)
@@ -99,7 +101,7 @@ def _overflow_kept_saturated(original):
 def _fp8_cast_nonsaturating(original):
     """Every FP8 cast gives the overflow value (NaN / Inf) past max, whatever the recipe's
     saturation mode says."""
-    return lambda v, fmt: TQB._overflow_to_nonfinite(v, original(v, fmt), fmt)
+    return lambda v, fmt: TQB.overflow_to_nonfinite(v, original(v, fmt), fmt)
 
 
 def _fp8_subnormals_flushed(original):
@@ -123,8 +125,8 @@ def _fp8_nan_as_zero(original):
     return cast
 
 
-_RNE = TQB._fp8_cast_rne
-_TIES_AWAY = TQB._fp8_cast_ties_away
+_RNE = TQB.fp8_cast_rne
+_TIES_AWAY = TQB.fp8_cast_ties_away
 
 # ---- outputs ------------------------------------------------------------------------------
 
@@ -221,35 +223,35 @@ def _mx_partial_block_garbage(q, args, kw):
 for _m in (
     Mutation("quantize.fp8_truncation", "quantize", "rounding-mode",
              "FP8 element codes rounded toward zero instead of to nearest even",
-             with_patches((TQB, "_fp8_cast_rne", fp8_cast_truncating))),
+             with_patches((TQB, "fp8_cast_rne", fp8_cast_truncating))),
     Mutation("quantize.fp8_ties_swapped", "quantize", "rounding-mode",
              "FP8 ties: RNE recipes round ties away from zero, ties-away recipes to even",
-             with_patches((TQB, "_fp8_cast_rne", _ties_swap(_TIES_AWAY)),
-                          (TQB, "_fp8_cast_ties_away", _ties_swap(_RNE)))),
+             with_patches((TQB, "fp8_cast_rne", _ties_swap(_TIES_AWAY)),
+                          (TQB, "fp8_cast_ties_away", _ties_swap(_RNE)))),
     Mutation("quantize.e2m1_ties_swapped", "quantize", "rounding-mode",
              "E2M1 ties: RNE and ties-away exchanged",
-             with_patches((TQB, "_e2m1_codes", _e2m1_rounding_swapped))),
+             with_patches((TQB, "e2m1_codes", _e2m1_rounding_swapped))),
     Mutation("quantize.e2m1_truncation", "quantize", "rounding-mode",
-             "E2M1 codes rounded toward zero", with_patches((TQB, "_e2m1_codes",
+             "E2M1 codes rounded toward zero", with_patches((TQB, "e2m1_codes",
                                                              _e2m1_truncating))),
     Mutation("quantize.mx_scale_floor_for_rceil", "quantize", "rounding-mode",
              "MX scale exponent by FLOOR where the recipe says RCEIL",
-             with_patches((TQB, "_mx_exponent",
+             with_patches((TQB, "mx_exponent",
                            _scale_mode_swapped({ScaleRounding.RCEIL: ScaleRounding.FLOOR})))),
     Mutation("quantize.mx_scale_ceil_for_floor", "quantize", "rounding-mode",
              "MX scale exponent by CEIL where the recipe says FLOOR",
-             with_patches((TQB, "_mx_exponent",
+             with_patches((TQB, "mx_exponent",
                            _scale_mode_swapped({ScaleRounding.FLOOR: ScaleRounding.CEIL})))),
     Mutation("quantize.mx_scale_floor_for_even", "quantize", "rounding-mode",
              "MX scale exponent by FLOOR where the recipe says EVEN (mantissa rounding "
-             "skipped)", with_patches((TQB, "_mx_exponent", _scale_mode_swapped(
+             "skipped)", with_patches((TQB, "mx_exponent", _scale_mode_swapped(
                  {ScaleRounding.EVEN: ScaleRounding.FLOOR})))),
     Mutation("quantize.fp8_subnormals_flushed", "quantize", "rounding-mode",
              "FP8 codes below the smallest normal flushed to zero (FTZ cast)",
-             with_patches((TQB, "_fp8_cast_rne", _fp8_subnormals_flushed))),
+             with_patches((TQB, "fp8_cast_rne", _fp8_subnormals_flushed))),
     Mutation("quantize.fp8_nan_as_zero", "quantize", "saturation",
              "NaN inputs encoded as code 0 instead of NaN (FP8)",
-             with_patches((TQB, "_fp8_cast_rne", _fp8_nan_as_zero))),
+             with_patches((TQB, "fp8_cast_rne", _fp8_nan_as_zero))),
     Mutation("quantize.scale_inv_exponent_up", "quantize", "scale-exponent",
              "FP8 scale_inv one exponent too large (x 2), codes untouched",
              on_output(_scale_inv_doubled)),
@@ -257,7 +259,7 @@ for _m in (
              "the last MX block's E8M0 byte + 1, codes untouched", on_output(_e8m0_last_byte_up)),
     Mutation("quantize.e8m0_last_block_down_consistent", "quantize", "scale-exponent",
              "the last MX block's exponent - 1 with its codes quantized under it (saturating)",
-             with_patches((TQB, "_mx_exponent", _last_block_exponent(-1)))),
+             with_patches((TQB, "mx_exponent", _last_block_exponent(-1)))),
     Mutation("quantize.e2m1_nibbles_swapped", "quantize", "layout",
              "packed E2M1: high and low nibbles exchanged", on_output(_output_nibbles_swapped)),
     Mutation("quantize.columnwise_wrong_axis", "quantize", "axis",
@@ -268,10 +270,10 @@ for _m in (
              with_patches((TQB, "get_format", _fnuz_max_as_ocp))),
     Mutation("quantize.nonfinite_saturates", "quantize", "saturation",
              "NONFINITE recipes saturate on overflow instead of giving NaN / Inf",
-             with_patches((TQB, "_overflow_to_nonfinite", _overflow_kept_saturated))),
+             with_patches((TQB, "overflow_to_nonfinite", _overflow_kept_saturated))),
     Mutation("quantize.saturation_dropped", "quantize", "saturation",
              "saturating recipes give NaN / Inf on overflow (the clamp dropped)",
-             with_patches((TQB, "_fp8_cast_rne", _fp8_cast_nonsaturating))),
+             with_patches((TQB, "fp8_cast_rne", _fp8_cast_nonsaturating))),
     Mutation("quantize.amax_of_output", "quantize", "formula",
              "the reported amax is the dequantized output's instead of the input's",
              _amax_of_output),

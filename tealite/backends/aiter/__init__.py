@@ -36,7 +36,9 @@ from typing import Any, Callable, Mapping
 import torch
 
 from tealite.backends.aiter_common.loader import SYNTHETIC  # the attribute marking its shell
+from tealite.formats import ScaleRounding
 from tealite.registry import Backend, register_backend
+from tealite.scoped import Scoped
 
 NAME = "aiter"
 
@@ -156,11 +158,33 @@ def runtime() -> Runtime:
     return _cache["runtime"]
 
 
+@dataclass(frozen=True)
+class Platform:
+    """Facts about the platform and AITER's HIP kernels here that decide availability and what
+    the family modules accept, read through ``PLATFORM.get()``; a test simulates another
+    platform for a block with ``PLATFORM.override(...)`` (a ROCm GPU around a fake AITER, or
+    an adapter that no real case reaches yet)."""
+
+    rocm: bool         # torch is a ROCm build (torch.version.hip)
+    gpu_visible: bool  # torch sees a GPU (torch.cuda.is_available())
+    # The tealite ScaleRounding equal to per_1x32_f4_quant_hip's scale rule (gfx950's
+    # v_cvt_scalef32_pk_fp4).  None: no tealite mode is that rule (quantize.py's docstring),
+    # so every MXFP4 quantize recipe is rejected.
+    mxfp4_scale_rounding: ScaleRounding | None = None
+
+
+def _detect_platform() -> Platform:
+    return Platform(rocm=torch.version.hip is not None, gpu_visible=torch.cuda.is_available())
+
+
+PLATFORM: Scoped[Platform] = Scoped("aiter.PLATFORM", _detect_platform)
+
+
 def _probe() -> str | None:
-    if torch.version.hip is None:
+    if not PLATFORM.get().rocm:
         return ("torch is not a ROCm build (torch.version.hip is None): AITER's CK/ASM/HIP ops "
                 "need ROCm and an AMD GPU (MI300 gfx942 / MI350 gfx950)")
-    if not torch.cuda.is_available():
+    if not PLATFORM.get().gpu_visible:
         return "ROCm torch sees no GPU"
     try:
         runtime()

@@ -18,24 +18,22 @@ vec_convert.h) and why most tealite recipes are rejected:
   (``fp4_scale``), and the amax starts at 1e-10 (an all-zero block gets scale byte 92, not 0).
   That is none of tealite's :class:`~tealite.formats.ScaleRounding` modes (FLOOR never rounds
   up, CEIL rounds up any mantissa > 1, EVEN from 1.75, RCEIL above 1.5 but not at exactly
-  1.5), so :data:`HIP_MXFP4_SCALE_ROUNDING` is None and every MXFP4 recipe is rejected.  The
-  adapter below is exercised by the tests with that constant monkeypatched (against a fake
-  AITER), so it is ready if tealite gains the rule.
+  1.5), so the backend's ``PLATFORM.get().mxfp4_scale_rounding`` is None and every MXFP4
+  recipe is rejected.  The adapter below is exercised by the tests with that fact overridden
+  (``PLATFORM.override``, against a fake AITER), so it is ready if tealite gains the rule.
 """
 from __future__ import annotations
 
 import torch
 
 import tealite.recipes as R
-from tealite.backends.aiter import BACKEND, common_why_not, runtime
+from tealite.backends.aiter import BACKEND, PLATFORM, common_why_not, runtime
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
-from tealite.formats import ElementRounding, ScaleRounding
+from tealite.formats import ElementRounding
 from tealite.types import Op, QuantizedTensor
 
 _IN = (torch.float16, torch.bfloat16)  # AITER_DISPATCH_FLOATING16_TYPES
-# The tealite scale mode equal to per_1x32_f4_quant_hip's rule: none exists (module docstring).
-HIP_MXFP4_SCALE_ROUNDING: ScaleRounding | None = None
 HIP_FP8_SCALE_RULE = "amax*rcp(fmax)"
 
 _FP8_WHY = {
@@ -72,7 +70,8 @@ def _entry_point(params) -> str | None:
 
 def _why_not_mxfp4(params) -> str | None:
     r = params["recipe"]
-    if HIP_MXFP4_SCALE_ROUNDING is None or r.scale_rounding != HIP_MXFP4_SCALE_ROUNDING:
+    rounding = PLATFORM.get().mxfp4_scale_rounding
+    if rounding is None or r.scale_rounding != rounding:
         return ("per_1x32_f4_quant_hip rounds the block amax to the nearest power of two "
                 "(mantissa 1.5 rounds up) and divides by 4; no tealite ScaleRounding is that rule "
                 "(FLOOR / CEIL / EVEN / RCEIL each differ on some amax), and an all-zero block "

@@ -18,8 +18,6 @@ version string; a drift they cannot adapt makes the case unsupported with a reas
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import importlib
 import importlib.util
 import os
@@ -27,6 +25,7 @@ from dataclasses import dataclass
 
 from tealite.backends.aiter_common import loader
 from tealite.registry import Backend, register_backend
+from tealite.scoped import Scoped
 
 NAME = "aiter_triton"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -74,8 +73,7 @@ NVIDIA_MXFP4_SCALE_CAST = (
 
 def mxfp4_platform_reason() -> str | None:
     """Why AITER's MXFP4 quantizers cannot run correctly here (None: they can)."""
-    import torch
-    if INTERPRET or torch.version.hip is not None or not _REJECTING.get().mxfp4_on_nvidia:
+    if not PLATFORM.get().nvidia or not REJECTIONS.get().mxfp4_on_nvidia:
         return None
     return NVIDIA_MXFP4_SCALE_CAST
 
@@ -97,29 +95,47 @@ class PlatformRejections:
 
     fp8_in_interpreter: bool = True   # INTERPRETER_FP8_CAST
     mxfp4_on_nvidia: bool = True      # NVIDIA_MXFP4_SCALE_CAST
+    bf16_in_interpreter: bool = True  # norms.interpreter_bf16_reason (norms, fused norms)
 
 
-# A context variable, not a module global: lifting a rejection is scoped to a block (and to the
-# thread running it), so a test or a gate probe cannot leak it into later cases.
-_REJECTING: contextvars.ContextVar[PlatformRejections] = contextvars.ContextVar(
-    "aiter_triton_platform_rejections", default=PlatformRejections())
+# Scoped, not a module global: lifting a rejection lasts for a block (and the thread running
+# it), so a test or a gate probe cannot leak it into later cases.
+REJECTIONS: Scoped[PlatformRejections] = Scoped("aiter_triton.REJECTIONS", PlatformRejections)
 
 
-@contextlib.contextmanager
 def lift_platform_rejections(*, fp8_in_interpreter: bool = False,
-                             mxfp4_on_nvidia: bool = False):
-    """Inside the block, the named rejections are lifted (the others stay as they are): the
-    entry points run and their platform's codes are judged.  For the tests that show each
-    divergence as a strict expected failure and for the gate's probes, which record what
-    runs; never for verdicts."""
-    now = _REJECTING.get()
-    token = _REJECTING.set(PlatformRejections(
-        fp8_in_interpreter=now.fp8_in_interpreter and not fp8_in_interpreter,
-        mxfp4_on_nvidia=now.mxfp4_on_nvidia and not mxfp4_on_nvidia))
-    try:
-        yield
-    finally:
-        _REJECTING.reset(token)
+                             mxfp4_on_nvidia: bool = False, bf16_in_interpreter: bool = False):
+    """A context manager: inside the block, the named rejections are lifted (the others stay
+    as they are): the entry points run and their platform's results are judged.  For the tests
+    that show each divergence as a strict expected failure and for the gate's probes, which
+    record what runs; never for verdicts."""
+    lifted = {"fp8_in_interpreter": fp8_in_interpreter, "mxfp4_on_nvidia": mxfp4_on_nvidia,
+              "bf16_in_interpreter": bf16_in_interpreter}
+    return REJECTIONS.override(**{name: False for name, lift in lifted.items() if lift})
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Facts about where the kernels run that change what a family module does, read through
+    ``PLATFORM.get()``.  A test simulates another platform with ``PLATFORM.override(...)``
+    to prove a rejection or an adapter there.  How kernels launch (:data:`INTERPRET`,
+    :data:`DEVICES`) is fixed at import and is not one of them."""
+
+    # A CUDA device here is NVIDIA's and the kernels are compiled for it (not the
+    # interpreter, not a ROCm build): NVIDIA-only numerics declarations and rejections apply.
+    nvidia: bool
+    # tl.load(bf16).to(tl.float32) misreads bf16 subnormals (the interpreter; NUMERICS.md):
+    # bf16 x goes to AITER's MXFP4 kernels as its exact fp32 copy instead.
+    misreads_bf16_subnormals: bool
+
+
+def _detect_platform() -> Platform:
+    import torch
+    return Platform(nvidia=not INTERPRET and torch.version.hip is None,
+                    misreads_bf16_subnormals=INTERPRET)
+
+
+PLATFORM: Scoped[Platform] = Scoped("aiter_triton.PLATFORM", _detect_platform)
 
 
 def fp32_div_ulps() -> int:
@@ -128,7 +144,7 @@ def fp32_div_ulps() -> int:
 
 def fp8_platform_reason() -> str | None:
     """Why AITER's FP8-casting kernels cannot be judged here (None: they can)."""
-    return INTERPRETER_FP8_CAST if INTERPRET and _REJECTING.get().fp8_in_interpreter else None
+    return INTERPRETER_FP8_CAST if INTERPRET and REJECTIONS.get().fp8_in_interpreter else None
 
 
 def kernels() -> loader.AiterTriton:

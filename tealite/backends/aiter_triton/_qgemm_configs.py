@@ -23,7 +23,8 @@ FP4 = "gemm_afp4wfp4"
 FP4_SHUFFLED_SCALES = "gemm_afp4wfp4_preshuffled_scales"
 FP4_SHUFFLED_WEIGHT = "gemm_afp4wfp4_preshuffled_weight_scales"
 # MXFP4 route: the first entry point whose shape rule (_mx_route_ok) holds; the last is the
-# catch-all.  Tests rebind it to force one entry point.
+# catch-all.  The default of qgemm.Routing.mxfp4_preference (a test forces one entry point
+# through qgemm.ROUTING).
 MXFP4_PREFERENCE = (FP4_SHUFFLED_WEIGHT, FP4_SHUFFLED_SCALES, FP4)
 
 _BLOCK_SCALE_K = 128  # Float8BlockScaling's K block (TE / DeepSeek-V3)

@@ -52,7 +52,7 @@ import torch
 import tealite.recipes as R
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
-from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
+from tealite.backends.aiter_triton import BACKEND, DEVICES, NAME, PLATFORM, kernels, why_missing
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason, rows_2d
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
 from tealite.types import Op, QuantizedTensor
@@ -228,7 +228,8 @@ def _numerics_for(op: str):
 def _as_loaded(t: torch.Tensor, entry: str) -> torch.Tensor:
     """What the kernel is handed: under the interpreter bf16 goes to the MXFP4 kernels as its
     exact fp32 copy (they widen to fp32 first thing; the interpreter misreads bf16 subnormals)."""
-    if INTERPRET and entry in MXFP4_ENTRY_POINTS and t.dtype == torch.bfloat16:
+    if PLATFORM.get().misreads_bf16_subnormals and entry in MXFP4_ENTRY_POINTS and \
+            t.dtype == torch.bfloat16:
         return t.float()
     return t.contiguous()
 

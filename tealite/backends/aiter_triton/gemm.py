@@ -37,7 +37,8 @@ import inspect
 import torch
 
 from tealite.backends.aiter_common.contracts import Contract, declare
-from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
+from tealite.backends.aiter_triton import (BACKEND, DEVICES, INTERPRET, PLATFORM, kernels,
+                                           why_missing)
 from tealite.errors import UnsupportedCase
 from tealite.types import Op
 
@@ -136,7 +137,7 @@ def config_or_reason(entry: str, *args, caps: dict | None = None):
 
 def nvidia(params) -> bool:
     """Compiled for an NVIDIA GPU (not the interpreter, not ROCm)."""
-    return params["device"] == "cuda" and torch.version.hip is None and not INTERPRET
+    return params["device"] == "cuda" and PLATFORM.get().nvidia
 
 
 def positive_strides(t: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,8 @@ import torch
 
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
-from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, why_missing
+from tealite.backends.aiter_triton import (BACKEND, DEVICES, INTERPRET, NAME, REJECTIONS,
+                                           why_missing)
 from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -67,8 +68,9 @@ for _op, _entry in ENTRY_POINTS.items():
 
 
 def interpreter_bf16_reason(dtype) -> str | None:
-    """Why an AITER kernel with bf16 outputs cannot be judged under the interpreter."""
-    if INTERPRET and dtype == torch.bfloat16:
+    """Why an AITER kernel with bf16 outputs cannot be judged under the interpreter (None
+    also where the rejection is lifted: ``lift_platform_rejections(bf16_in_interpreter=True)``)."""
+    if INTERPRET and dtype == torch.bfloat16 and REJECTIONS.get().bf16_in_interpreter:
         return ("bfloat16 under Triton's interpreter: its fp32 -> bf16 conversion (AITER's "
                 "`.to()` and store casts) truncates instead of rounding to nearest even, and its "
                 "bf16 loads of subnormals are wrong (tests/test_aiter_norms.py proves it)")

@@ -74,13 +74,14 @@ the per-token kernel per split-K partial.  MXFP4 split-K partials are fp32 unles
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 
 import tealite.recipes as R
 from tealite._checks import require
-from tealite.errors import UnsupportedCase
+from tealite.errors import TealiteArgumentError, UnsupportedCase
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.backends.aiter_triton.gemm import (INTERPRETER_BF16_STORE, TENSOR_CORE_U, accepts,
@@ -92,6 +93,7 @@ from tealite.backends.aiter_triton._qgemm_configs import (
     _config_args, _fp4_even_k, _ragged_k_safe, _shuffled_scales, effective_config)
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.scoped import Scoped
 from tealite.types import Op, permute_weight_tiles
 
 _OUT = (torch.float32, torch.bfloat16, torch.float16)
@@ -117,6 +119,28 @@ def _mx_route_ok(entry: str, m: int, n: int, k: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Routing:
+    """Options of the route, read through ``ROUTING.get()``; a test forces one MXFP4 entry
+    point for a block with ``ROUTING.override(mxfp4_preference=(entry,))``.
+
+    ``mxfp4_preference``: the MXFP4 entry points the route may take, in order; it takes the
+    first whose shape rule holds, else the last (the catch-all)."""
+
+    mxfp4_preference: tuple[str, ...] = MXFP4_PREFERENCE
+
+    def __post_init__(self):
+        prefs = self.mxfp4_preference
+        if not isinstance(prefs, tuple) or not prefs or \
+                any(e not in MXFP4_PREFERENCE for e in prefs):
+            raise TealiteArgumentError(
+                f"mxfp4_preference must be a non-empty tuple of entry points among "
+                f"{MXFP4_PREFERENCE}, got {prefs!r}")
+
+
+ROUTING: Scoped[Routing] = Scoped("aiter_triton.qgemm.ROUTING", Routing)
+
+
 def route(kind: str, recipe_a, recipe_b, m: int, n: int, k: int, has_bias: bool) -> str:
     """The AITER entry point that runs this case (from the case alone)."""
     if kind == "fp8":
@@ -124,10 +148,11 @@ def route(kind: str, recipe_a, recipe_b, m: int, n: int, k: int, has_bias: bool)
         return A8W8 if has_bias or both_tensor else A8W8_PER_TOKEN
     if kind == "block":
         return A8W8_BLOCK
-    for entry in MXFP4_PREFERENCE:
+    preference = ROUTING.get().mxfp4_preference
+    for entry in preference:
         if _mx_route_ok(entry, m, n, k):
             return entry
-    return MXFP4_PREFERENCE[-1]
+    return preference[-1]
 
 
 def _route_params(p) -> str:
@@ -200,7 +225,7 @@ def _entry_reason(entry: str, p) -> str | None:
         if entry != FP4 and cfg["BLOCK_SIZE_K"] % _SHUFFLE_K:
             return (f"{entry} reads shuffled scales in 256-long K groups: its K step "
                     f"{cfg['BLOCK_SIZE_K']} is not a multiple of 256")
-        if not _mx_route_ok(entry, m, n, k):  # reachable when MXFP4_PREFERENCE is narrowed
+        if not _mx_route_ok(entry, m, n, k):  # reachable when mxfp4_preference is narrowed
             return (f"{entry} needs " + ("N % 32 == 0 and K % 256 == 0 (whole shuffle tiles)"
                                          if entry == FP4_SHUFFLED_WEIGHT else
                                          "M >= 32 (asserted) and K % 256 == 0") +

@@ -56,7 +56,7 @@ import torch
 import tealite.recipes as R
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
-from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
+from tealite.backends.aiter_triton import BACKEND, DEVICES, NAME, PLATFORM, kernels, why_missing
 from tealite.formats import ElementRounding, FP8ScaleRule, ScaleRounding
 from tealite.types import Op, QuantizedTensor
 
@@ -174,7 +174,7 @@ def _numerics(params) -> dict:
     if ep in FP8_ENTRY_POINTS:
         return {"entry_point": ep, "fp32_div_ulps": aiter_triton.fp32_div_ulps()}
     numerics = {"entry_point": ep, "mx_nonfinite": "ignore-nan"}
-    if INTERPRET and params.get("dtype") == torch.bfloat16:
+    if PLATFORM.get().misreads_bf16_subnormals and params.get("dtype") == torch.bfloat16:
         numerics["interpreter_input"] = "bf16 passed as exact fp32 (bf16 subnormal load bug)"
     return numerics
 
@@ -193,7 +193,8 @@ def _fp8_current(x: torch.Tensor, recipe) -> QuantizedTensor:
 
 
 def _mxfp4(x: torch.Tensor, recipe) -> QuantizedTensor:
-    xk = x.float() if INTERPRET and x.dtype == torch.bfloat16 else x
+    xk = x.float() if PLATFORM.get().misreads_bf16_subnormals and x.dtype == torch.bfloat16 \
+        else x
     codes, scales = kernels().dynamic_mxfp4_quant(xk)
     return QuantizedTensor(recipe=recipe, shape=tuple(x.shape), data=codes,
                            scale_inv=scales.contiguous())

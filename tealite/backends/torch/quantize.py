@@ -3,6 +3,14 @@
 Casts to FP8 go through torch's ``.to(float8_*)`` (RNE) after an explicit clamp, because
 torch's out-of-range behaviour differs by device (the CPU saturates, CUDA gives NaN).  E2M1
 has no torch cast: it is rounded here by comparing against the midpoints between its values.
+
+Public numerics building blocks (part of this backend's contract with tealite_verify):
+:func:`fp8_cast_rne`, :func:`fp8_cast_ties_away`, :func:`overflow_to_nonfinite`,
+:func:`e2m1_codes`, :func:`mx_exponent` and :data:`E2M1_VALUES`.  The mutation library
+(``tealite_verify/mutate/``) builds its mutants by swapping one of them for a wrong version
+while a case runs, and reuses them to build others; so every step of a quantization goes
+through these module-level names, looked up at call time (never bound to a local alias at
+import), and renaming or inlining one breaks the mutation suite, not just this file.
 """
 from __future__ import annotations
 
@@ -15,18 +23,18 @@ from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _F32_MANT = 23
-_E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 def _clamp(v: torch.Tensor, fmax: float) -> torch.Tensor:
     return torch.where(torch.isnan(v), v, v.clamp(-fmax, fmax))
 
 
-def _fp8_cast_rne(v: torch.Tensor, fmt) -> torch.Tensor:
+def fp8_cast_rne(v: torch.Tensor, fmt) -> torch.Tensor:
     return _clamp(v, fmt.max).to(fmt.torch_dtype)
 
 
-def _overflow_to_nonfinite(v: torch.Tensor, codes: torch.Tensor, fmt) -> torch.Tensor:
+def overflow_to_nonfinite(v: torch.Tensor, codes: torch.Tensor, fmt) -> torch.Tensor:
     """Where RNE would round past max, give the format's overflow value (NaN; inf for e5m2)
     instead of the saturated code.  torch's own cast cannot be trusted for this: it saturates
     on the CPU and gives NaN on CUDA."""
@@ -40,7 +48,7 @@ def _overflow_to_nonfinite(v: torch.Tensor, codes: torch.Tensor, fmt) -> torch.T
     return torch.where(over, special.to(fmt.torch_dtype), codes)
 
 
-def _fp8_cast_ties_away(v: torch.Tensor, fmt) -> torch.Tensor:
+def fp8_cast_ties_away(v: torch.Tensor, fmt) -> torch.Tensor:
     """RNE, then move exact ties that went toward zero one code away from zero."""
     v = _clamp(v, fmt.max)
     q = v.to(fmt.torch_dtype)
@@ -51,9 +59,9 @@ def _fp8_cast_ties_away(v: torch.Tensor, fmt) -> torch.Tensor:
     return torch.where(tie, other_q, q)
 
 
-def _e2m1_codes(v: torch.Tensor, rounding: ElementRounding) -> torch.Tensor:
+def e2m1_codes(v: torch.Tensor, rounding: ElementRounding) -> torch.Tensor:
     """4-bit E2M1 codes (uint8) of fp32 values already scaled into range (saturating)."""
-    values = _E2M1_VALUES.to(v.device)
+    values = E2M1_VALUES.to(v.device)
     a = v.abs().clamp(max=6.0)
     mids = (values[1:] + values[:-1]) / 2
     # Index of the largest value not above a midpoint-decision: count midpoints below a.
@@ -85,7 +93,7 @@ def _unpack_nibbles(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
-    mag = _E2M1_VALUES.to(codes.device)[(codes & 0x7).long()]
+    mag = E2M1_VALUES.to(codes.device)[(codes & 0x7).long()]
     return torch.where((codes & 0x8) != 0, -mag, mag)
 
 
@@ -137,9 +145,9 @@ def _aiter_fp8(x32: torch.Tensor, recipe):
                                                      device=x32.device)
     recip = torch.reciprocal(s_inv)  # IEEE on the CPU and on CUDA / ROCm (no fast-math)
     v = x32 * (recip.unsqueeze(1) if per_row else recip)
-    codes = _fp8_cast_rne(v, fmt)
+    codes = fp8_cast_rne(v, fmt)
     if recipe.saturation is Saturation.NONFINITE:
-        codes = _overflow_to_nonfinite(v, codes, fmt)
+        codes = overflow_to_nonfinite(v, codes, fmt)
     return codes, s_inv
 
 
@@ -147,7 +155,7 @@ def _exponent_field(a: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int32) >> _F32_MANT) & 0xFF
 
 
-def _mx_exponent(amax: torch.Tensor, fmt, mode: ScaleRounding) -> torch.Tensor:
+def mx_exponent(amax: torch.Tensor, fmt, mode: ScaleRounding) -> torch.Tensor:
     """Unbiased scale exponent per block (int32), before clamping; amax > 0 and finite."""
     mant = amax.view(torch.int32) & ((1 << _F32_MANT) - 1)
     if mode is ScaleRounding.RCEIL:
@@ -174,7 +182,7 @@ def _mx_rowwise(x: torch.Tensor, recipe: R.MXBlockScaling):
     blocks = xp.reshape(m, nb, recipe.block)
     amax = blocks.abs().amax(dim=-1) if k else torch.zeros(m, 0, device=x.device)
     good = torch.isfinite(amax) & (amax > 0)
-    e = _mx_exponent(torch.where(good, amax, torch.ones_like(amax)), fmt, recipe.scale_rounding)
+    e = mx_exponent(torch.where(good, amax, torch.ones_like(amax)), fmt, recipe.scale_rounding)
     e = e.clamp(-127, 127)
     biased = torch.where(amax == 0, torch.zeros_like(e), e + 127)
     biased = torch.where(torch.isfinite(amax), biased, torch.full_like(e, 0xFF))
@@ -182,10 +190,10 @@ def _mx_rowwise(x: torch.Tensor, recipe: R.MXBlockScaling):
     # rounds to zero anyway; ldexp in float64 avoids a 2^127 overflow of the multiplier.
     scaled = torch.ldexp(blocks.double(), (-e).unsqueeze(-1).double()).float()
     if fmt.packed:
-        codes = _e2m1_codes(scaled, recipe.element_rounding)
+        codes = e2m1_codes(scaled, recipe.element_rounding)
     else:
-        cast = _fp8_cast_rne if recipe.element_rounding is ElementRounding.RNE \
-            else _fp8_cast_ties_away
+        cast = fp8_cast_rne if recipe.element_rounding is ElementRounding.RNE \
+            else fp8_cast_ties_away
         codes = cast(scaled, fmt).view(torch.uint8)
     codes = torch.where((biased == 0xFF).unsqueeze(-1), torch.zeros_like(codes), codes)
     codes = codes.reshape(m, nb * recipe.block)[:, :k]
@@ -216,9 +224,9 @@ def _fp8_rowwise(x: torch.Tensor, recipe, scale):
         s = _te_scale(block_amax, fmt, recipe.force_pow2_scales, recipe.amax_epsilon)
         expand = s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:m, :k]
     v = x32 * expand
-    codes = _fp8_cast_rne(v, fmt)
+    codes = fp8_cast_rne(v, fmt)
     if recipe.saturation is Saturation.NONFINITE:
-        codes = _overflow_to_nonfinite(v, codes, fmt)
+        codes = overflow_to_nonfinite(v, codes, fmt)
     return codes, torch.reciprocal(s)
 
 

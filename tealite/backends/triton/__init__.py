@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from dataclasses import dataclass
 
 from tealite.registry import Backend, register_backend
+from tealite.scoped import Scoped
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -32,6 +34,31 @@ def _probe() -> str | None:
 
 
 DEVICES = ("cpu",) if INTERPRET else ("cuda",)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Facts about the GPU the kernels compile for that change a family module's configs or
+    declared numerics, read through ``PLATFORM.get()``; a test simulates another GPU for a
+    block with ``PLATFORM.override(...)``.  How kernels launch (:data:`INTERPRET`,
+    :data:`DEVICES`) is fixed at import and is not one of them."""
+
+    rocm: bool  # torch is a ROCm build (torch.version.hip): a "cuda" device is AMD's
+    # The FP8 formats a CUDA device's tensor cores multiply natively; None: ask the device
+    # (qgemm._native_fp8_formats).
+    native_fp8_formats: frozenset[str] | None = None
+    # The longest row one program holds in registers: longer rows take quantize's tiled
+    # per-row path, and fused norm -> quantize rejects them.  A test lowers it to reach the
+    # tiled path with small shapes.
+    max_row_in_registers: int = 65536
+
+
+def _detect_platform() -> Platform:
+    import torch
+    return Platform(rocm=torch.version.hip is not None)
+
+
+PLATFORM: Scoped[Platform] = Scoped("triton.PLATFORM", _detect_platform)
 
 BACKEND = register_backend(Backend(
     name="triton", probe=_probe, auto_dispatch=not INTERPRET,

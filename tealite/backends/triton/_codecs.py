@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite.backends.triton import INTERPRET
+from tealite.backends.triton import INTERPRET, PLATFORM
 from tealite.formats import get_format
 
 
@@ -54,7 +54,7 @@ def hw_fp8(device) -> bool:
     (gfx942 has FNUZ formats; gfx950's conversion is not verified here), not older GPUs
     (Triton emulates the conversion there)."""
     device = torch.device(device)
-    if INTERPRET or device.type != "cuda" or torch.version.hip is not None:
+    if INTERPRET or device.type != "cuda" or PLATFORM.get().rocm:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _cuda_capability(index) >= (8, 9)

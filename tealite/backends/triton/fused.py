@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 import tealite.recipes as R
-from tealite.backends.triton import BACKEND, DEVICES
+from tealite.backends.triton import BACKEND, DEVICES, PLATFORM
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _encode_fp8_sat,
                                              _fmt_constants, _mx_descale, _mx_scale_constants,
                                              _mag_max, _overflow_constants, _te_scale)
@@ -44,7 +44,6 @@ from tealite.types import GATED, Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}
-_MAX_ROW = 65536
 _TILE = 4096
 MX_BLOCK = 32
 _GIVEN, _PER_ROW, _MX = 0, 1, 2
@@ -248,8 +247,9 @@ def _why_not(params) -> str | None:
     if params["fmt"] == "e2m1":
         return "MXFP4 (e2m1 elements) is not fused here: these kernels encode FP8 elements"
     n = params["n_out"]
-    if n > _MAX_ROW:
-        return f"row of {n} outputs > {_MAX_ROW} (whole rows are held in registers)"
+    limit = PLATFORM.get().max_row_in_registers
+    if n > limit:
+        return f"row of {n} outputs > {limit} (whole rows are held in registers)"
     return None
 
 

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
+from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.types import Op
 
@@ -279,7 +279,7 @@ class GemmConfig:
 
     def launch_options(self) -> dict:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if torch.version.hip is not None and not INTERPRET:
+        if PLATFORM.get().rocm and not INTERPRET:
             if self.waves_per_eu is not None:
                 opts["waves_per_eu"] = self.waves_per_eu
             if self.matrix_instr_nonkdim is not None:
@@ -377,7 +377,7 @@ def pick_config(m: int, n: int, dtype: torch.dtype, device: torch.device) -> Gem
     """The fixed config for this problem (the interpreter always uses one small config)."""
     if INTERPRET:
         return _INTERPRETER
-    table = _HIP if torch.version.hip is not None else _CUDA
+    table = _HIP if PLATFORM.get().rocm else _CUDA
     key = ("fp32" if dtype == torch.float32 else "16bit", _size_class(m, n, device))
     return _working.get(key, table[key])
 
@@ -479,7 +479,7 @@ def _tma_usable(args, flags, k) -> bool:
     """TMA needs an sm_90+ NVIDIA GPU (or the interpreter, which emulates it: CI tests the
     kernel there), 16-bit operands (fp32 keeps the ieee CUDA-core path), K > 0, 16-byte
     aligned bases and row strides."""
-    if torch.version.hip is not None or k == 0:
+    if PLATFORM.get().rocm or k == 0:
         return False
     if flags["DOT_PRECISION"] == "ieee" and not flags["BF16_BITS"]:  # fp32 operands
         return False

@@ -56,7 +56,7 @@ from triton.runtime.errors import OutOfResources
 
 import tealite.recipes as R
 from tealite._checks import require
-from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
+from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
     _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
@@ -261,10 +261,14 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
 # ---- formats and targets ----------------------------------------------------------------------
 
 def _native_fp8_formats(device) -> frozenset:
-    """FP8 formats this device's tensor cores multiply natively (through Triton's fp8 types)."""
+    """FP8 formats this device's tensor cores multiply natively (through Triton's fp8 types);
+    a simulated platform's (``PLATFORM.override(native_fp8_formats=...)``) for any device."""
+    simulated = PLATFORM.get().native_fp8_formats
+    if simulated is not None:
+        return simulated
     if INTERPRET or torch.device(device).type != "cuda":
         return frozenset()
-    if torch.version.hip is not None:
+    if PLATFORM.get().rocm:
         arch = torch.cuda.get_device_properties(device).gcnArchName
         if arch.startswith("gfx942"):
             return frozenset({"e4m3fnuz", "e5m2fnuz"})
@@ -344,7 +348,7 @@ def _scale_k(kind: str) -> int | None:
 
 
 def _table_key(kind: str, native: bool, m: int, n: int, device) -> tuple:
-    if torch.version.hip is not None:
+    if PLATFORM.get().rocm:
         return ("hip", kind, native)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     big = triton.cdiv(m, 128) * triton.cdiv(n, 256) >= sms
@@ -477,7 +481,7 @@ def _numerics(params) -> dict:
     # products are exact); its fallback's code products are exact, summed per 32-long block,
     # and each block sum is multiplied by its power of two exactly (below fp32's normal range
     # it loses less than the smallest normal: inside the tier's underflow term).
-    nvidia = params["device"] == "cuda" and torch.version.hip is None
+    nvidia = params["device"] == "cuda" and not PLATFORM.get().rocm
     if not nvidia or k == 0:
         return numerics  # the interpreter's numpy dots: fp32 round-to-nearest sums
     if kind != "mx" and dot_fp8(params["fmt_a"], params["fmt_b"], torch.device("cuda")):

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 import tealite.recipes as R
-from tealite.backends.triton import BACKEND, DEVICES
+from tealite.backends.triton import BACKEND, DEVICES, PLATFORM
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
                                              _overflow_constants, _te_scale, _tile_ids,
                                              hw_fp8)
@@ -37,7 +37,6 @@ from tealite.formats import FP8ScaleRule, Saturation, get_format
 from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_MAX_ROW = 65536
 # Launch parameters, one dict per kernel, read at every launch (benchmarks/quantize_tiles.py
 # overrides them for a sweep; defaults chosen for an H100, and valid on AMD's 64-wide
 # wavefronts: every block is a multiple of 64 x num_warps elements).
@@ -342,7 +341,7 @@ def _per_row_tiles(x: torch.Tensor, recipe, rowwise: bool, columnwise: bool):
 def _quantize_per_row(out: QuantizedTensor, x: torch.Tensor, recipe, rowwise: bool,
                       columnwise: bool) -> None:
     m, k = x.shape
-    if m and k and (columnwise or k > _MAX_ROW):
+    if m and k and (columnwise or k > PLATFORM.get().max_row_in_registers):
         out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv, out.amax = \
             _per_row_tiles(x, recipe, rowwise, columnwise)
         return
