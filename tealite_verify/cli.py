@@ -126,23 +126,26 @@ def _device_numerics_table() -> str:
 
 
 def _recipes_table() -> str:
-    """Every quantization recipe with its formats and rounding modes."""
-    from tealite.formats import FORMATS, FP8_FORMATS, ElementRounding, ScaleRounding
-    fp8 = ", ".join(FP8_FORMATS)
-    scale_modes = "/".join(m.value for m in ScaleRounding)
-    elem = "/".join(r.value for r in ElementRounding)
-    rows = [
-        ["Float8CurrentScaling", fp8, "tensor | row", "TE fp32 rule (pow2 optional)", "rne"],
-        ["Float8BlockScaling", fp8, "1x128 | 128x128", "TE fp32 rule (pow2 default)", "rne"],
-        ["DelayedScaling", fp8, "tensor (given scale)", "amax history max|most_recent, "
-                                                        "margin", "rne"],
-        ["MXFP8BlockScaling", fp8, "1x32 E8M0", scale_modes + " (rceil default)", elem],
-        ["MXFP4BlockScaling", "e2m1", "1x32 E8M0", scale_modes + " (floor default)", elem],
-        ["CustomRecipe", "per role", "per role", "qfactory(Role) -> recipe", "-"],
-    ]
+    """Every quantization recipe, family by family, with its formats and variants: read from
+    the recipe classes' declared domains (a new recipe shows up with no edit here)."""
+    import tealite.recipes as R
+    from tealite.formats import FORMATS
+    from tealite_verify import recipe_space
+    rows = []
+    for cls in R.RECIPES:
+        families: dict[str, tuple[set, set]] = {}
+        for point in recipe_space.points(cls):
+            fmts, variants = families.setdefault(
+                recipe_space.label(point.recipe, family_only=True), (set(), set()))
+            fmts.add(point.recipe.fmt)
+            variants.add("/".join(point.recipe.taxonomy()[1]) or "-")
+        for family, (fmts, variants) in families.items():
+            rows.append([cls.__name__, family, ", ".join(f for f in FORMATS if f in fmts),
+                         " | ".join(sorted(variants))])
+    rows.append([R.CustomRecipe.__name__, "per role", "per role", "qfactory(Role) -> recipe"])
     formats = ", ".join(f"{f.name} (max {f.max:g}{', fnuz' if f.fnuz else ''})"
                         for f in FORMATS.values())
-    return (_table(rows, ["recipe", "formats", "scales", "scale rule", "element rounding"])
+    return (_table(rows, ["recipe", "family", "formats", "variants (scale rule / rounding)"])
             + f"\nformats: {formats}; FP8 casts saturate by default (Saturation.SATURATE), "
               "NONFINITE available")
 

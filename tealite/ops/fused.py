@@ -51,6 +51,7 @@ import tealite.registry as registry
 from tealite._checks import check_finite_number, check_shape, check_tensor, require
 from tealite.ops import activations as _acts
 from tealite.ops import norms as _norms
+from tealite.ops.quantize import check_given_scale
 from tealite.types import Op, QuantizedTensor
 
 FUSED_RECIPES = (R.DelayedScaling, R.Float8CurrentScaling, R.MXBlockScaling)
@@ -77,23 +78,16 @@ def _check_recipe(recipe, scale, x: torch.Tensor, n_out: int) -> None:
     require(isinstance(recipe, FUSED_RECIPES),
             f"recipe must be one of {[t.__name__ for t in FUSED_RECIPES]} for a fused "
             f"quantize, got {type(recipe).__name__}")
-    if isinstance(recipe, R.Float8CurrentScaling):
+    if isinstance(recipe, R.Float8CurrentScaling):  # a fused kernel's own amax is per row
         require(recipe.granularity == "row",
                 "recipe Float8CurrentScaling must have granularity='row' for a fused quantize "
                 f"(per-tensor current scaling needs the whole output's amax first), got "
                 f"{recipe.granularity!r}")
-    if isinstance(recipe, R.MXBlockScaling):
+    if recipe.scale_granularity is R.Granularity.MX_BLOCK:
         require(n_out % recipe.block == 0,
                 f"the quantized (last) dim of the output must be a multiple of {recipe.block} "
                 f"for MX quantization, got {n_out} (x shape {tuple(x.shape)})")
-    if isinstance(recipe, R.DelayedScaling):
-        require(scale is not None, "DelayedScaling needs scale= (float32, shape (1,))")
-        check_tensor("scale", scale, dtypes=(torch.float32,))
-        check_shape("scale", scale, (1,), "one per-tensor scale")
-        require(scale.device == x.device,
-                f"scale must be on x's device {x.device}, got {scale.device}")
-    else:
-        require(scale is None, f"scale= is only for DelayedScaling, not {type(recipe).__name__}")
+    check_given_scale(recipe, scale, x.device)
 
 
 def _recipe_params(recipe, n_out: int, **flags) -> dict:

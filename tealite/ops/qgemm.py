@@ -36,11 +36,13 @@ class QGemmOutput(NamedTuple):
 
 
 def _scaled_kind(recipe) -> str:
-    if isinstance(recipe, R.MXBlockScaling):
+    """The scaled-GEMM kind a recipe's operand takes: its scale granularity decides."""
+    gran = recipe.scale_granularity
+    if gran is R.Granularity.MX_BLOCK:
         return "mx"
-    if isinstance(recipe, R.Float8BlockScaling):
+    if gran is R.Granularity.BLOCK:
         return "block"
-    return "fp8"  # per-tensor or per-row
+    return "fp8"  # per-tensor (given or current) or per-row
 
 
 def k_last(q: QuantizedTensor, k_first: bool, name: str):

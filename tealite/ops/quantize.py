@@ -39,12 +39,27 @@ from tealite.formats import get_format
 from tealite.types import Op, QuantizedTensor  # noqa: F401  (QuantizedTensor re-exported)
 
 
-RECIPE_TYPES = (R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
-                R.MXBlockScaling)
+# Every built-in recipe (a CustomRecipe is resolved to one per tensor before it gets here).
+RECIPE_TYPES = R.RECIPES
+
+
+def check_given_scale(recipe, scale, device: torch.device) -> None:
+    """``scale`` is given exactly when the recipe takes its scale as an input (DelayedScaling:
+    the scale its amax history produced), as float32 of shape (1,) on ``device``."""
+    if recipe.scale_given:
+        require(scale is not None,
+                f"{type(recipe).__name__} needs scale= (float32, shape (1,))")
+        check_tensor("scale", scale, dtypes=(torch.float32,))
+        check_shape("scale", scale, (1,), "one per-tensor scale")
+        require(scale.device == device, f"scale must be on x's device {device}, "
+                                        f"got {scale.device}")
+    else:
+        given = ", ".join(t.__name__ for t in R.RECIPES if t.scale_given)
+        require(scale is None, f"scale= is only for {given}, not {type(recipe).__name__}")
 
 
 def _check_mx_dims(recipe, m: int, k: int, rowwise: bool, columnwise: bool, pad: bool) -> None:
-    if pad or not isinstance(recipe, R.MXBlockScaling):
+    if pad or recipe.scale_granularity is not R.Granularity.MX_BLOCK:
         return
     packed = get_format(recipe.fmt).packed
     for flag, name, size in ((rowwise, "K (x.shape[1]) for rowwise", k),
@@ -65,14 +80,7 @@ def quantize(x: torch.Tensor, recipe, *, rowwise: bool = True, columnwise: bool 
             f"recipe must be one of {[t.__name__ for t in RECIPE_TYPES]}, got "
             f"{type(recipe).__name__}")
     require(rowwise or columnwise, "at least one of rowwise / columnwise must be True")
-    if isinstance(recipe, R.DelayedScaling):
-        require(scale is not None, "DelayedScaling needs scale= (float32, shape (1,))")
-        check_tensor("scale", scale, dtypes=(torch.float32,))
-        check_shape("scale", scale, (1,), "one per-tensor scale")
-        require(scale.device == x.device, f"scale must be on x's device {x.device}, "
-                                          f"got {scale.device}")
-    else:
-        require(scale is None, f"scale= is only for DelayedScaling, not {type(recipe).__name__}")
+    check_given_scale(recipe, scale, x.device)
     m, k = x.shape
     _check_mx_dims(recipe, m, k, rowwise, columnwise, pad)
     params = dict(op=Op.QUANTIZE, dtype=x.dtype, recipe=recipe, kind=recipe.kind, fmt=recipe.fmt,
