@@ -176,8 +176,11 @@ def layout_cells(key: str, values: Iterable) -> tuple[Cell, ...]:
 
 
 def direction_cells() -> tuple[Cell, ...]:
-    """Quantize outputs: rowwise, columnwise, or both."""
-    return tuple(Cell("direction", name, (), (("rowwise", r), ("columnwise", c)))
+    """Quantize outputs: rowwise, columnwise, or both.  A case moved to a columnwise cell also
+    gets ``pad=True``: its M was drawn for rowwise blocks, and an MX recipe refuses a partial
+    columnwise block without it (pad changes nothing for the other recipes)."""
+    return tuple(Cell("direction", name, (),
+                      (("rowwise", r), ("columnwise", c)) + ((("pad", True),) if c else ()))
                  for name, r, c in (("rowwise", True, False), ("columnwise", False, True),
                                     ("both", True, True)))
 
@@ -197,8 +200,10 @@ def edge_cells(edges: Iterable[str]) -> tuple[Cell, ...]:
         elif e == SQUARE:
             out.append(Cell("edge", e, (), (("square", True),)))
         elif e == OVERFLOW:
-            # Reached through a delayed scale far above what the values allow.
-            out.append(Cell("edge", e, (), (("*.scale", 4096.0),)))
+            # Reached through a given (delayed) scale far above what the values allow:
+            # 2^24 overflows every FP8 format for any amax above 2^-8 (4096 left drawn
+            # values of amax < 14 in range, and the cell unreached for some pools).
+            out.append(Cell("edge", e, (), (("*.scale", 2.0 ** 24),)))
         else:
             raise ValueError(f"unknown edge class {e!r}")
     return tuple(out)

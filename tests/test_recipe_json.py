@@ -210,7 +210,8 @@ def test_the_table_follows_the_declared_facts():
 def test_drawn_entries_are_the_stored_forms(d):
     recipe = recipe_from_json(d)
     assert recipe_entry(recipe, given_scale(d)) == d
-    assert recipe == _legacy_recipe_from_json(d)
+    if d["kind"] in ("current", "block", "delayed", "mx"):  # the kinds stored cases have
+        assert recipe == _legacy_recipe_from_json(d)
     # The historical key sets: TE's rule unstated, AITER's stated, a delayed scale.
     assert ("scale_rule" in d) == (d["kind"] == "current" and d.get("scale_rule") == "amax/fmax")
     assert ("scale" in d) == (d["kind"] == "delayed")
