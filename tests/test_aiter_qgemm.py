@@ -340,7 +340,8 @@ def test_an_fp8_k_step_below_nvidias_dot_minimum_is_refused_there():
     NVIDIA's FP8 tl.dot refuses K < 32 at compile time (the backend raised).  Refused on
     NVIDIA with the reason; other platforms (the interpreter here) still run it."""
     p = {"m": 4, "n": 8, "k": 9, "bias": False, "device": "cuda"}
-    assert Q._entry_reason(Q.A8W8_BLOCK, p) is None  # not NVIDIA (interpreter / ROCm)
+    with aiter_triton.PLATFORM.override(nvidia=False):  # the interpreter / ROCm
+        assert Q._entry_reason(Q.A8W8_BLOCK, p) is None
     with aiter_triton.PLATFORM.override(nvidia=True):
         why = Q._entry_reason(Q.A8W8_BLOCK, p)
         assert why is not None and "below the 32 NVIDIA's FP8 tl.dot compiles" in why
