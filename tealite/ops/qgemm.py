@@ -55,8 +55,9 @@ def qgemm(a: QuantizedTensor, b: QuantizedTensor, *, layout: str = "TN",
     check_dtype_in("out_dtype", out_dtype, FLOAT_DTYPES)
     kind_a, kind_b = qgemm_kind(a.recipe), qgemm_kind(b.recipe)
     for name, q, kind in (("a", a, kind_a), ("b", b, kind_b)):
-        require(kind is not None, f"{name}'s recipe scales per {q.recipe.scale_granularity}: "
-                                  f"qgemm takes scales per {sorted(g.value for g in QGEMM_KINDS)}")
+        gran = getattr(q.recipe, "scale_granularity", None)
+        require(kind is not None, f"{name}'s recipe has scale_granularity {gran}; qgemm takes "
+                                  f"scales per {[g.value for g in QGEMM_KINDS]}")
     require(kind_a == kind_b, f"a and b must use compatible recipes, got {kind_a} and {kind_b}")
     if kind_a == "block":
         require(tuple(b.recipe.block) == (1, 128),
