@@ -23,26 +23,16 @@ from typing import NamedTuple
 
 import torch
 
-import tealite.recipes as R
 import tealite.registry as registry
 from tealite._checks import FLOAT_DTYPES, check_choice, check_dtype_in, check_shape, \
     check_tensor, require
+from tealite.recipe_facts import QGEMM_KINDS, qgemm_kind
 from tealite.types import LAYOUTS, Op, QuantizedTensor
 
 
 class QGemmOutput(NamedTuple):
     out: torch.Tensor
     meta: dict
-
-
-def _scaled_kind(recipe) -> str:
-    """The scaled-GEMM kind a recipe's operand takes: its scale granularity decides."""
-    gran = recipe.scale_granularity
-    if gran is R.Granularity.MX_BLOCK:
-        return "mx"
-    if gran is R.Granularity.BLOCK:
-        return "block"
-    return "fp8"  # per-tensor (given or current) or per-row
 
 
 def k_last(q: QuantizedTensor, k_first: bool, name: str):
@@ -63,7 +53,11 @@ def qgemm(a: QuantizedTensor, b: QuantizedTensor, *, layout: str = "TN",
         require(isinstance(q, QuantizedTensor),
                 f"{name} must be a QuantizedTensor, got {type(q).__name__}")
     check_dtype_in("out_dtype", out_dtype, FLOAT_DTYPES)
-    kind_a, kind_b = _scaled_kind(a.recipe), _scaled_kind(b.recipe)
+    kind_a, kind_b = qgemm_kind(a.recipe), qgemm_kind(b.recipe)
+    for name, q, kind in (("a", a, kind_a), ("b", b, kind_b)):
+        gran = getattr(q.recipe, "scale_granularity", None)
+        require(kind is not None, f"{name}'s recipe has scale_granularity {gran}; qgemm takes "
+                                  f"scales per {[g.value for g in QGEMM_KINDS]}")
     require(kind_a == kind_b, f"a and b must use compatible recipes, got {kind_a} and {kind_b}")
     if kind_a == "block":
         require(tuple(b.recipe.block) == (1, 128),

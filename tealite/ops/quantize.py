@@ -97,7 +97,7 @@ def dequantize(q: QuantizedTensor, *, out_dtype: torch.dtype = torch.float32,
     data = q.columnwise_data if columnwise else q.data
     which = "columnwise" if columnwise else "rowwise"
     require(data is not None, f"q has no {which} data (quantize with {which}=True)")
-    params = dict(dtype=out_dtype, kind=q.recipe.kind, fmt=q.recipe.fmt,
+    params = dict(dtype=out_dtype, recipe=q.recipe, kind=q.recipe.kind, fmt=q.recipe.fmt,
                   device=registry.device_kind(data.device))
     impl = registry.dispatch(Op.DEQUANTIZE, params, backend)
     return impl.fn(q, out_dtype=out_dtype, columnwise=columnwise)

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import torch
 
-import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, BACKEND_BPRESHUFFLE, common_why_not, runtime
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
+from tealite.recipe_facts import outside, qgemm_kind
+from tealite.recipes import Family, Granularity
 from tealite.types import Op, permute_e8m0_scales, permute_weight_tiles
 
 _OUT = (torch.bfloat16, torch.float16)
@@ -87,11 +88,22 @@ def _why_not_a4w4(params, arch: str) -> str | None:
     return None
 
 
+def _operand_reason(params, name: str) -> str | None:
+    """The operand facts AITER's GEMMs take: float32 scales per tensor or row (gemm_a8w8*),
+    per 128x128 (A) / 1x128 (B) block (blockscale: _why_not_fp8), E8M0 per 32 (gemm_a4w4)."""
+    if params["kind"] == "mx":
+        return outside(params[name], f"gemm_a4w4 ({name})", family=(Family.MX,), block=(32,))
+    return outside(params[name], f"AITER's FP8 GEMMs ({name})", family=(Family.FP8,))
+
+
 def _why_not(params, pre: bool) -> str | None:
     ep = _entry_point(params, pre)
     if ep is None:
         return (f"no AITER HIP GEMM is wired for {params['fmt_a']} x {params['fmt_b']} "
                 "MX operands (only MXFP4 x MXFP4: gemm_a4w4)")
+    why = _operand_reason(params, "recipe_a") or _operand_reason(params, "recipe_b")
+    if why:
+        return why
     why = common_why_not(params, ep)
     if why:
         return why
@@ -116,7 +128,7 @@ def _numerics(params, pre: bool) -> dict:
 def _per_row_scales(scales: torch.Tensor, recipe, rows: int) -> torch.Tensor:
     """fp32 scales, one per row: a per-tensor scale broadcast (exact), per-row ones as given."""
     s = scales.float().reshape(-1)
-    if not (isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row"):
+    if recipe.scale_granularity is not Granularity.ROW:
         s = s.expand(rows)
     return s.contiguous()
 
@@ -187,8 +199,7 @@ def _a4w4(fn, rt, a_codes, a_scales, b_codes, b_scales, m, n, out_dtype, meta):
 def _qgemm(pre: bool, recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n,
            out_dtype, bias):
     rt = runtime()
-    kind = "mx" if isinstance(recipe_a, R.MXBlockScaling) else \
-        "block" if isinstance(recipe_a, R.Float8BlockScaling) else "fp8"
+    kind = qgemm_kind(recipe_a)
     ep = _entry_point({"kind": kind, "fmt_a": recipe_a.fmt, "fmt_b": recipe_b.fmt}, pre)
     fn = rt.functions[ep]
     meta: dict = {}

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import torch
 
-import tealite.recipes as R
 from tealite.backends.aiter import BACKEND, PLATFORM, common_why_not, runtime
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
 from tealite.formats import ElementRounding
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity
 from tealite.types import Op, QuantizedTensor
 
 _IN = (torch.float16, torch.bfloat16)  # AITER_DISPATCH_FLOATING16_TYPES
@@ -56,16 +57,22 @@ _FP8_WHY = {
 }
 
 
+# AITER's FP8 quant entry point for each scale layout (computed, not given, scales).
+_FP8_ENTRY_POINTS = {Granularity.TENSOR: "dynamic_per_tensor_quant",
+                     Granularity.ROW: "dynamic_per_token_scaled_quant",
+                     Granularity.BLOCK: "dynamic_per_token_scaled_quant"}  # per-group path
+
+
 def _entry_point(params) -> str | None:
     r = params["recipe"]
-    if isinstance(r, R.MXBlockScaling):
+    family = getattr(r, "family", None)
+    if family is Family.MX:
         return "per_1x32_f4_quant_hip" if r.fmt == "e2m1" else None
-    if isinstance(r, R.DelayedScaling):
+    if family is not Family.FP8:
+        return None
+    if r.scale_given:
         return "static_per_tensor_quant"
-    if isinstance(r, R.Float8CurrentScaling):
-        return "dynamic_per_tensor_quant" if r.granularity == "tensor" else \
-            "dynamic_per_token_scaled_quant"
-    return "dynamic_per_token_scaled_quant"  # Float8BlockScaling: AITER's per-group path
+    return _FP8_ENTRY_POINTS.get(r.scale_granularity)
 
 
 def _why_not_mxfp4(params) -> str | None:
@@ -94,17 +101,20 @@ def _why_not_mxfp4(params) -> str | None:
 
 def _why_not(params) -> str | None:
     ep = _entry_point(params)
-    if ep is None:
+    r = params["recipe"]
+    if ep is None and getattr(r, "family", None) is Family.MX:
         return f"no AITER HIP quant entry point is wired for MX {params['fmt']} (MXFP8)"
+    if ep is None:
+        return f"no AITER HIP quant entry point for {type(r).__name__}'s scales"
     why = common_why_not(params, ep)
     if why:
         return why
-    r = params["recipe"]
-    if isinstance(r, R.Float8BlockScaling):
+    if r.family is Family.FP8 and r.scale_granularity is Granularity.BLOCK:
         return _FP8_WHY["per_group_quant_hip"]
     if ep in _FP8_WHY:
         return _FP8_WHY[ep]
-    return _why_not_mxfp4(params)
+    return outside(r, "per_1x32_f4_quant_hip", scale_granularity=(Granularity.MX_BLOCK,),
+                   block=(32,)) or _why_not_mxfp4(params)
 
 
 def _numerics(params) -> dict:
@@ -123,7 +133,7 @@ def _mxfp4_rows(fn, x2: torch.Tensor):
 @BACKEND.implements(Op.QUANTIZE, dtypes=(torch.float32, torch.bfloat16, torch.float16),
                     check=_why_not, numerics=_numerics)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
-    if not (isinstance(recipe, R.MXBlockScaling) and recipe.fmt == "e2m1"):
+    if not (recipe.family is Family.MX and recipe.fmt == "e2m1"):
         raise UnsupportedCase("aiter quantize: only MXFP4 has an adapter (see check)")
     fn = runtime().functions["per_1x32_f4_quant_hip"]
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape))

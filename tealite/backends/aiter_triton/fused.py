@@ -49,12 +49,13 @@ import math
 
 import torch
 
-import tealite.recipes as R
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, NAME, PLATFORM, kernels, why_missing
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason, rows_2d
 from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity, describe
 from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -132,8 +133,10 @@ def _mx_route(recipe, entry: str | None) -> tuple[str | None, str | None]:
     if (recipe.fmt, recipe.scale_rounding, recipe.element_rounding) != \
             ("e2m1", ScaleRounding.EVEN, ElementRounding.TIES_AWAY):
         return None, (f"AITER's fused MX kernels are MXFP4 with EVEN scales and ties-away "
-                      f"elements; the recipe asks {R.describe(recipe)}")
-    return entry, None
+                      f"elements; the recipe asks {describe(recipe)}")
+    why = outside(recipe, "AITER's fused MX kernels", scale_granularity=(Granularity.MX_BLOCK,),
+                  block=(32,))
+    return (None, why) if why else (entry, None)
 
 
 def _row_route(recipe, entry: str | None) -> tuple[str | None, str | None]:
@@ -143,7 +146,9 @@ def _row_route(recipe, entry: str | None) -> tuple[str | None, str | None]:
         return None, (f"AITER's fused FP8 kernels follow scale_rule "
                       f"{FP8ScaleRule.AMAX_OVER_FMAX.value} (scale_inv = amax / max), not "
                       f"{recipe.scale_rule.value}")
-    return entry, _fp8_family_reason(recipe.fmt)
+    why = outside(recipe, "AITER's fused FP8 kernels", scale_granularity=(Granularity.ROW,),
+                  force_pow2_scales=(False,), amax_epsilon=(0.0,))
+    return (None, why) if why else (entry, _fp8_family_reason(recipe.fmt))
 
 
 def route(op: str, recipe, *, kind: str | None = None,
@@ -152,23 +157,25 @@ def route(op: str, recipe, *, kind: str | None = None,
     if op == Op.ACT_FWD_QUANTIZE and kind not in ACTIVATIONS:
         return None, (f"AITER fuses quantization only after the gated activations "
                       f"{sorted(ACTIVATIONS)} (act_mul_and_*), not {kind}")
-    if isinstance(recipe, R.MXBlockScaling):
+    family = getattr(recipe, "family", None)
+    if family is Family.MX:
         return _mx_route(recipe, {Op.RMSNORM_FWD_QUANTIZE: RMS_MXFP4,
                                   Op.ACT_FWD_QUANTIZE: ACT_MXFP4}.get(op))
-    if isinstance(recipe, R.Float8CurrentScaling):
-        entry = {Op.RMSNORM_FWD_QUANTIZE: RMS_DYN, Op.LAYERNORM_FWD_QUANTIZE: LN_DYN,
-                 Op.ACT_FWD_QUANTIZE: ACT_FP8}[op]
-        if entry == ACT_FP8 and (n_out & (n_out - 1) or n_out == 0):
-            return None, (f"{ACT_FP8} is used with one quantization group per row, whose size "
-                          f"(the output width {n_out}) must be a power of two")
-        return _row_route(recipe, entry)
-    if isinstance(recipe, R.DelayedScaling):
+    if family is not Family.FP8:
+        return None, f"no AITER fused kernel for {type(recipe).__name__}"
+    if recipe.scale_given:
         if op != Op.RMSNORM_FWD_QUANTIZE:
             return None, "AITER has no fused given-scale FP8 kernel for this op"
         if recipe.saturation is not Saturation.SATURATE:
             return None, f"{RMS_STATIC} clamps to +-max (saturates), the recipe asks nonfinite"
-        return RMS_STATIC, _fp8_family_reason(recipe.fmt)
-    return None, f"no AITER fused kernel for {type(recipe).__name__}"
+        why = outside(recipe, RMS_STATIC, scale_granularity=(Granularity.TENSOR,))
+        return (None, why) if why else (RMS_STATIC, _fp8_family_reason(recipe.fmt))
+    entry = {Op.RMSNORM_FWD_QUANTIZE: RMS_DYN, Op.LAYERNORM_FWD_QUANTIZE: LN_DYN,
+             Op.ACT_FWD_QUANTIZE: ACT_FP8}[op]
+    if entry == ACT_FP8 and (n_out & (n_out - 1) or n_out == 0):
+        return None, (f"{ACT_FP8} is used with one quantization group per row, whose size "
+                      f"(the output width {n_out}) must be a power of two")
+    return _row_route(recipe, entry)
 
 
 def _outputs_reason(entry: str, params) -> str | None:

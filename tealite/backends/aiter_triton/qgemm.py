@@ -79,7 +79,6 @@ from dataclasses import dataclass
 import torch
 import triton
 
-import tealite.recipes as R
 from tealite._checks import require
 from tealite.errors import TealiteArgumentError, UnsupportedCase
 from tealite.backends.aiter_common.contracts import Contract, declare
@@ -93,6 +92,8 @@ from tealite.backends.aiter_triton._qgemm_configs import (
     _config_args, _fp4_even_k, _ragged_k_safe, _shuffled_scales, effective_config)
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.recipe_facts import outside, qgemm_kind
+from tealite.recipes import Family, Granularity
 from tealite.scoped import Scoped
 from tealite.types import Op, permute_weight_tiles
 
@@ -107,8 +108,7 @@ _FP8_CODE_ALIGNMENT = FP8_CODE_ALIGNMENT
 # ---- routing ----------------------------------------------------------------------------------
 
 def _per_tensor(recipe) -> bool:
-    return isinstance(recipe, R.DelayedScaling) or (
-        isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "tensor")
+    return recipe.scale_granularity is Granularity.TENSOR
 
 
 def _mx_route_ok(entry: str, m: int, n: int, k: int) -> bool:
@@ -161,17 +161,29 @@ def _route_params(p) -> str:
 
 # ---- check ------------------------------------------------------------------------------------
 
+def _operand_reason(p, name: str) -> str | None:
+    """The operand facts AITER's GEMMs take: E8M0 bytes per 32 along K (gemm_afp4wfp4*),
+    float32 scales per tensor or row (gemm_a8w8*: the front-end's "fp8" kind), or per
+    1x128 / 128x128 block (gemm_a8w8_blockscale; B's is 1x128, the front-end's rule)."""
+    recipe, kind = p[name], p["kind"]
+    if kind == "mx":
+        return outside(recipe, f"AITER's MX GEMMs ({name})", family=(Family.MX,),
+                       block=(_MX_SCALE_K,))
+    why = outside(recipe, f"AITER's FP8 GEMMs ({name})", family=(Family.FP8,))
+    if why or kind != "block":
+        return why
+    return outside(recipe, f"{A8W8_BLOCK} ({name})",
+                   block=((1, _BLOCK_SCALE_K), (_BLOCK_SCALE_K, _BLOCK_SCALE_K)))
+
+
 def _formats_reason(p) -> str | None:
     fa, fb = p["fmt_a"], p["fmt_b"]
-    if p["kind"] == "mx":
-        if fa != "e2m1" or fb != "e2m1":
-            return (f"MX {fa} x {fb}: AITER's Triton MX GEMMs here are MXFP4 x MXFP4 "
-                    "(gemm_afp4wfp4*); no MXFP8 entry point")
-        return None
-    fp8_recipes = (R.Float8CurrentScaling, R.DelayedScaling, R.Float8BlockScaling)
-    for name in ("recipe_a", "recipe_b"):
-        if not isinstance(p[name], fp8_recipes):
-            return f"{name} {type(p[name]).__name__}: no AITER GEMM for this recipe"
+    if p["kind"] == "mx" and (fa != "e2m1" or fb != "e2m1"):
+        return (f"MX {fa} x {fb}: AITER's Triton MX GEMMs here are MXFP4 x MXFP4 "
+                "(gemm_afp4wfp4*); no MXFP8 entry point")
+    why = _operand_reason(p, "recipe_a") or _operand_reason(p, "recipe_b")
+    if why or p["kind"] == "mx":
+        return why
     want = kernels().fp8_dtype
     for name, fmt in (("a", fa), ("b", fb)):
         if get_format(fmt).torch_dtype != want:
@@ -449,8 +461,7 @@ def _run_mxfp4(entry, fn, cfg, a, sa, b, sb, m, n, k, out_dtype):
 @BACKEND.implements(Op.QGEMM, dtypes=_OUT, devices=DEVICES, check=_why_not, numerics=_numerics)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):
-    kind = "mx" if isinstance(recipe_a, R.MXBlockScaling) else \
-        "block" if isinstance(recipe_a, R.Float8BlockScaling) else "fp8"
+    kind = qgemm_kind(recipe_a)
     entry = route(kind, recipe_a, recipe_b, m, n, k, bias is not None)
     fn = kernels().functions[entry]
     cfg = _config(entry, m, n, k)

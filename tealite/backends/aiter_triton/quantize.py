@@ -53,11 +53,12 @@ from __future__ import annotations
 
 import torch
 
-import tealite.recipes as R
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends import aiter_triton
 from tealite.backends.aiter_triton import BACKEND, DEVICES, NAME, PLATFORM, kernels, why_missing
 from tealite.formats import ElementRounding, FP8ScaleRule, ScaleRounding
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity
 from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -118,27 +119,36 @@ def fp8_name(at) -> str:
 
 
 def entry_point(recipe) -> tuple[str | None, str | None]:
-    """(AITER entry point for ``recipe``, None) or (None, why no entry point follows it)."""
-    if isinstance(recipe, R.Float8CurrentScaling):
-        if recipe.scale_rule is not FP8ScaleRule.AMAX_OVER_FMAX:
-            return None, (f"AITER's FP8 quant kernels follow scale_rule "
-                          f"{FP8ScaleRule.AMAX_OVER_FMAX.value} (scale_inv = amax / max, x * "
-                          f"(1 / scale_inv)), not {recipe.scale_rule.value}")
-        return (PER_TENSOR if recipe.granularity == "tensor" else PER_TOKEN), None
-    if isinstance(recipe, R.DelayedScaling):
-        return None, (f"{STATIC} does not produce the amax of x that DelayedScaling's quantize "
-                      "reports (and takes TE's scale_inv, not its scale)")
-    if isinstance(recipe, R.Float8BlockScaling):
-        return None, "aiter.ops.triton.quant has no FP8 block-scaling (1x128 / 128x128) entry point"
-    if isinstance(recipe, R.MXBlockScaling):
+    """(AITER entry point for ``recipe``, None) or (None, why no entry point follows it), from
+    the recipe's facts: each entry point takes exactly the facts its contract names."""
+    family = getattr(recipe, "family", None)
+    if family is Family.MX:
         if recipe.fmt != "e2m1":
             return None, f"aiter.ops.triton.quant quantizes MX to e2m1 only, not {recipe.fmt}"
         if recipe.scale_rounding is not ScaleRounding.EVEN or \
                 recipe.element_rounding is not ElementRounding.TIES_AWAY:
             return None, (f"{MXFP4} rounds scales EVEN and elements ties-away, not "
                           f"{recipe.scale_rounding.value} / {recipe.element_rounding.value}")
-        return MXFP4, None
-    return None, f"no AITER entry point for {type(recipe).__name__}"
+        why = outside(recipe, MXFP4, scale_granularity=(Granularity.MX_BLOCK,),
+                      block=(MX_BLOCK,))
+        return (None, why) if why else (MXFP4, None)
+    if family is not Family.FP8:
+        return None, f"no AITER entry point for {type(recipe).__name__}"
+    if recipe.scale_given:
+        return None, (f"{STATIC} does not produce the amax of x that {type(recipe).__name__}'s "
+                      "quantize reports (and takes TE's scale_inv, not its scale)")
+    if recipe.scale_granularity is Granularity.BLOCK:
+        return None, "aiter.ops.triton.quant has no FP8 block-scaling (1x128 / 128x128) entry point"
+    if recipe.scale_rule is not FP8ScaleRule.AMAX_OVER_FMAX:
+        return None, (f"AITER's FP8 quant kernels follow scale_rule "
+                      f"{FP8ScaleRule.AMAX_OVER_FMAX.value} (scale_inv = amax / max, x * "
+                      f"(1 / scale_inv)), not {recipe.scale_rule.value}")
+    why = outside(recipe, "AITER's FP8 quant kernels",
+                  scale_granularity=(Granularity.TENSOR, Granularity.ROW),
+                  force_pow2_scales=(False,), amax_epsilon=(0.0,), amax_granularity=(None,))
+    if why:
+        return None, why
+    return (PER_TENSOR if recipe.scale_granularity is Granularity.TENSOR else PER_TOKEN), None
 
 
 def _why_not(params) -> str | None:
@@ -183,7 +193,7 @@ def _fp8_current(x: torch.Tensor, recipe) -> QuantizedTensor:
     at = kernels()
     xk = x.contiguous()
     qx = torch.empty(x.shape, dtype=at.fp8_dtype, device=x.device)
-    if recipe.granularity == "tensor":
+    if recipe.scale_granularity is Granularity.TENSOR:
         scale = torch.zeros(1, dtype=torch.float32, device=x.device)  # the atomic max's start
         qx, scale = at.dynamic_per_tensor_quant_fp8_i8(qx, xk, scale)
     else:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-import tealite.recipes as R
 from tealite.backends.scaled_mm import BACKEND, probes
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity
 from tealite.types import Op
 
 _ALIGN = 16
@@ -21,12 +22,17 @@ FP8_MMA_UNIT_ROUNDOFF = 2.0 ** -13  # Hopper FP8 tensor cores: see _numerics
 
 
 def _is_rowwise(recipe) -> bool:
-    return isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row"
+    return recipe.scale_granularity is Granularity.ROW
 
 
 def _why_not(params) -> str | None:
     if params["kind"] != "fp8":
         return "only FP8 per-tensor / per-row scaling (no block or MX scales)"
+    for name in ("recipe_a", "recipe_b"):  # float32 dequantization scales, 0-d or a vector
+        why = outside(params[name], f"scaled_mm ({name})", family=(Family.FP8,),
+                      scale_granularity=(Granularity.TENSOR, Granularity.ROW))
+        if why:
+            return why
     fnuz = {params["fmt_a"], params["fmt_b"]} & {"e4m3fnuz", "e5m2fnuz"}
     hip = torch.version.hip is not None
     if fnuz and not hip:

@@ -26,27 +26,31 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NUMERICS = {"compute_dtype": torch.float32}
 
 
+def _why_not(params) -> str | None:
+    return _quant.recipe_reason(params["recipe"])
+
+
 def quantize_rows_fp32(y32: torch.Tensor, recipe, scale):
     """Rowwise quantization of the fp32 y as (rows, N), exactly as tealite.quantize does it."""
     y2 = y32.reshape(math.prod(y32.shape[:-1]), y32.shape[-1])
     return _quant.quantize(y2.contiguous(), recipe, rowwise=True, columnwise=False, scale=scale)
 
 
-@BACKEND.implements(Op.LAYERNORM_FWD_QUANTIZE, dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.LAYERNORM_FWD_QUANTIZE, dtypes=_FLOATS, check=_why_not, numerics=_NUMERICS)
 def layernorm_fwd_quantize(x, gamma, beta, recipe, *, eps, zero_centered_gamma, scale):
     y32, mean, rsigma = _norms.layernorm_fwd(x.float(), gamma.float(), beta.float(), eps=eps,
                                              zero_centered_gamma=zero_centered_gamma)
     return quantize_rows_fp32(y32, recipe, scale), mean, rsigma
 
 
-@BACKEND.implements(Op.RMSNORM_FWD_QUANTIZE, dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.RMSNORM_FWD_QUANTIZE, dtypes=_FLOATS, check=_why_not, numerics=_NUMERICS)
 def rmsnorm_fwd_quantize(x, gamma, recipe, *, eps, zero_centered_gamma, scale):
     y32, rsigma = _norms.rmsnorm_fwd(x.float(), gamma.float(), eps=eps,
                                      zero_centered_gamma=zero_centered_gamma)
     return quantize_rows_fp32(y32, recipe, scale), rsigma
 
 
-@BACKEND.implements(Op.ACT_FWD_QUANTIZE, dtypes=_FLOATS, numerics=_NUMERICS)
+@BACKEND.implements(Op.ACT_FWD_QUANTIZE, dtypes=_FLOATS, check=_why_not, numerics=_NUMERICS)
 def act_fwd_quantize(x, recipe, *, kind, scale):
     y32 = _acts.act_fwd(x.float(), kind=kind)
     return quantize_rows_fp32(y32, recipe, scale)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import torch
 
-import tealite.recipes as R
 from tealite.backends.torch import BACKEND
-from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, ScaleRounding, get_format
+from tealite.formats import (FP8_FORMATS, ElementRounding, FP8ScaleRule, Saturation,
+                             ScaleRounding, get_format)
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity
 from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -110,11 +112,6 @@ def _te_scale(amax: torch.Tensor, fmt, force_pow2: bool, eps: float) -> torch.Te
     return scale
 
 
-def _is_aiter_rule(recipe) -> bool:
-    return isinstance(recipe, R.Float8CurrentScaling) and \
-        recipe.scale_rule is FP8ScaleRule.AMAX_OVER_FMAX
-
-
 def _aiter_row_amax(x32: torch.Tensor) -> torch.Tensor:
     """AITER's per-row amax (tealite.recipes): max |x| ignoring NaN, NaN for a row of only
     NaN, 0 for an empty row."""
@@ -140,7 +137,7 @@ def _aiter_fp8(x32: torch.Tensor, recipe):
     """(codes, scale_inv) under AITER's rule: scale_inv = amax / max, codes = cast(x * (1 /
     scale_inv)), all in fp32 with no special cases (amax 0 -> NaN codes)."""
     fmt = get_format(recipe.fmt)
-    per_row = recipe.granularity == "row"
+    per_row = recipe.scale_granularity is Granularity.ROW
     s_inv = _aiter_amax(x32, per_row) / torch.tensor(fmt.max, dtype=torch.float32,
                                                      device=x32.device)
     recip = torch.reciprocal(s_inv)  # IEEE on the CPU and on CUDA / ROCm (no fast-math)
@@ -174,7 +171,7 @@ def mx_exponent(amax: torch.Tensor, fmt, mode: ScaleRounding) -> torch.Tensor:
     return floor + ((mant != 0) & normal).int() - fmt.emax  # CEIL; subnormals clamp anyway
 
 
-def _mx_rowwise(x: torch.Tensor, recipe: R.MXBlockScaling):
+def _mx_rowwise(x: torch.Tensor, recipe):
     fmt = get_format(recipe.fmt)
     m, k = x.shape
     nb = -(-k // recipe.block)
@@ -201,28 +198,42 @@ def _mx_rowwise(x: torch.Tensor, recipe: R.MXBlockScaling):
     return data, biased.to(torch.uint8)
 
 
+def _block_scales(x32: torch.Tensor, recipe):
+    """(scale per block, scale per element) of TE's rule over the recipe's blocks."""
+    bm, bn = recipe.block
+    m, k = x32.shape
+    mb, nb = -(-m // bm), -(-k // bn)
+    xp = torch.nn.functional.pad(x32.abs(), (0, nb * bn - k, 0, mb * bm - m))
+    block_amax = xp.reshape(mb, bm, nb, bn).amax(dim=(1, 3)) if xp.numel() else \
+        torch.zeros(mb, nb, device=x32.device)
+    s = _te_scale(block_amax, get_format(recipe.fmt), recipe.force_pow2_scales,
+                  recipe.amax_epsilon)
+    return s, s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:m, :k]
+
+
+def _te_scales(x: torch.Tensor, recipe):
+    """(scale, scale per element) of TE's rule at the recipe's scale granularity."""
+    x32 = x.float()
+    gran = recipe.scale_granularity
+    if gran is Granularity.BLOCK:
+        return _block_scales(x32, recipe)
+    fmt, pow2, eps = get_format(recipe.fmt), recipe.force_pow2_scales, recipe.amax_epsilon
+    if gran is Granularity.ROW:
+        s = _te_scale(_row_amax(x32), fmt, pow2, eps)
+        return s, s.unsqueeze(1)
+    s = _te_scale(_amax(x).reshape(1), fmt, pow2, eps)  # TENSOR (the check admits no other)
+    return s, s
+
+
 def _fp8_rowwise(x: torch.Tensor, recipe, scale):
     fmt = get_format(recipe.fmt)
     x32 = x.float()
-    if _is_aiter_rule(recipe):
-        return _aiter_fp8(x32, recipe)
-    if isinstance(recipe, R.DelayedScaling):
+    if recipe.scale_given:
         s = expand = scale
-    elif isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "tensor":
-        s = expand = _te_scale(_amax(x).reshape(1), fmt, recipe.force_pow2_scales,
-                               recipe.amax_epsilon)
-    elif isinstance(recipe, R.Float8CurrentScaling):
-        s = _te_scale(_row_amax(x32), fmt, recipe.force_pow2_scales, recipe.amax_epsilon)
-        expand = s.unsqueeze(1)
-    else:  # Float8BlockScaling
-        bm, bn = recipe.block
-        m, k = x.shape
-        mb, nb = -(-m // bm), -(-k // bn)
-        xp = torch.nn.functional.pad(x32.abs(), (0, nb * bn - k, 0, mb * bm - m))
-        block_amax = xp.reshape(mb, bm, nb, bn).amax(dim=(1, 3)) if xp.numel() else \
-            torch.zeros(mb, nb, device=x.device)
-        s = _te_scale(block_amax, fmt, recipe.force_pow2_scales, recipe.amax_epsilon)
-        expand = s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:m, :k]
+    elif recipe.scale_rule is FP8ScaleRule.AMAX_OVER_FMAX:
+        return _aiter_fp8(x32, recipe)
+    else:
+        s, expand = _te_scales(x, recipe)
     v = x32 * expand
     codes = fp8_cast_rne(v, fmt)
     if recipe.saturation is Saturation.NONFINITE:
@@ -237,14 +248,11 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
 
 
 def _recipe_amax(x: torch.Tensor, recipe):
-    """The amax the recipe reports for x: per tensor, per row, or None (block / MX, and
-    AITER's scale rule: its kernels report none)."""
-    if _is_aiter_rule(recipe):
-        return None
-    if isinstance(recipe, R.DelayedScaling) or (
-            isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "tensor"):
+    """The amax the recipe reports for x: per tensor, per row, or None."""
+    gran = recipe.amax_granularity
+    if gran is Granularity.TENSOR:
         return _amax(x).reshape(1)
-    if isinstance(recipe, R.Float8CurrentScaling):
+    if gran is Granularity.ROW:
         return _row_amax(x.float())
     return None
 
@@ -255,10 +263,86 @@ def _row_amax(x32: torch.Tensor) -> torch.Tensor:
     return x32.abs().amax(dim=1)
 
 
-@BACKEND.implements(Op.QUANTIZE, dtypes=_FLOATS)
+# ---- what this backend computes, in recipe facts (the check refuses every other value) ----
+
+_TENSOR, _ROW, _BLOCK = Granularity.TENSOR, Granularity.ROW, Granularity.BLOCK
+
+
+def _fp8_reason(recipe) -> str | None:
+    why = outside(recipe, "torch FP8 quantize", fmt=FP8_FORMATS, scale_given=(False, True))
+    if why:
+        return why
+    if recipe.scale_given:  # codes of x times the given scale (TE's delayed scaling)
+        return outside(recipe, "torch quantize with a given scale", scale_granularity=(_TENSOR,),
+                       scale_rule=(FP8ScaleRule.FMAX_OVER_AMAX,),
+                       amax_granularity=(_TENSOR, None))
+    if getattr(recipe, "scale_rule", None) is FP8ScaleRule.AMAX_OVER_FMAX:
+        return outside(recipe, "torch quantize under AITER's scale rule",
+                       scale_granularity=(_TENSOR, _ROW), force_pow2_scales=(False,),
+                       amax_epsilon=(0.0,), amax_granularity=(None,))
+    why = outside(recipe, "torch quantize", scale_rule=(FP8ScaleRule.FMAX_OVER_AMAX,),
+                  scale_granularity=(_TENSOR, _ROW, _BLOCK))
+    if why:
+        return why
+    # The amax reported is the one the scales came from, or none (a block amax: none).
+    gran = recipe.scale_granularity
+    return outside(recipe, "torch quantize",
+                   amax_granularity=(None,) if gran is _BLOCK else (gran, None))
+
+
+def recipe_reason(recipe) -> str | None:
+    """Why this backend does not quantize ``recipe`` (None: it does), from its facts."""
+    why = outside(recipe, "torch quantize", family=(Family.FP8, Family.MX))
+    if why or recipe.family is Family.MX:
+        # _mx_rowwise: every scale and element rounding, FP8 and e2m1 elements.
+        return why or outside(recipe, "torch MX quantize",
+                              scale_granularity=(Granularity.MX_BLOCK,), block=(32,),
+                              fmt=FP8_FORMATS + ("e2m1",))
+    return _fp8_reason(recipe)
+
+
+def _expand_mx(s, recipe, rows: int, cols: int):
+    scale = torch.where(s == 0xFF, torch.nan,
+                        torch.ldexp(torch.ones_like(s, dtype=torch.float32), s.int() - 127))
+    return scale.repeat_interleave(recipe.block, 1)[:, :cols]
+
+
+def _expand_block(s, recipe, rows: int, cols: int):
+    bm, bn = recipe.block
+    return s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:rows, :cols]
+
+
+# How each scale layout's scale_inv multiplies the codes it covers (rowwise, (rows, cols)).
+_EXPAND = {
+    Granularity.MX_BLOCK: _expand_mx,
+    _BLOCK: _expand_block,
+    _ROW: lambda s, recipe, rows, cols: s.unsqueeze(1),
+    _TENSOR: lambda s, recipe, rows, cols: s,
+}
+
+
+def dequantize_reason(recipe) -> str | None:
+    """Why this backend does not dequantize ``recipe`` (None: it does), from its facts."""
+    why = outside(recipe, "torch dequantize", family=(Family.FP8, Family.MX))
+    if why or recipe.family is Family.MX:  # E8M0 bytes, one per 32 codes
+        return why or outside(recipe, "torch MX dequantize",
+                              scale_granularity=(Granularity.MX_BLOCK,), block=(32,))
+    # float32 scales per tensor, row or block of any size
+    return outside(recipe, "torch FP8 dequantize", scale_granularity=(_TENSOR, _ROW, _BLOCK))
+
+
+def _why_not(params) -> str | None:
+    return recipe_reason(params["recipe"])
+
+
+def _why_not_dequantize(params) -> str | None:
+    return dequantize_reason(params["recipe"])
+
+
+@BACKEND.implements(Op.QUANTIZE, dtypes=_FLOATS, check=_why_not)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape), amax=_recipe_amax(x, recipe))
-    if isinstance(recipe, R.MXBlockScaling):
+    if recipe.family is Family.MX:
         one = _mx_rowwise
     else:
         def one(t, r):
@@ -270,7 +354,7 @@ def quantize(x, recipe, *, rowwise, columnwise, scale):
     return out
 
 
-@BACKEND.implements(Op.DEQUANTIZE, dtypes=_FLOATS)
+@BACKEND.implements(Op.DEQUANTIZE, dtypes=_FLOATS, check=_why_not_dequantize)
 def dequantize(q, *, out_dtype, columnwise):
     data = q.columnwise_data if columnwise else q.data
     s = q.columnwise_scale_inv if columnwise else q.scale_inv
@@ -282,17 +366,7 @@ def dequantize(q, *, out_dtype, columnwise):
         vals = _e2m1_decode(_unpack_nibbles(data, cols))
     else:
         vals = data.float()
-    if isinstance(recipe, R.MXBlockScaling):
-        scale = torch.where(s == 0xFF, torch.nan, torch.ldexp(torch.ones_like(s, dtype=torch.float32),
-                                                              s.int() - 127))
-        expand = scale.repeat_interleave(recipe.block, 1)[:, :cols]
-    elif isinstance(recipe, R.Float8BlockScaling):
-        bm, bn = recipe.block
-        expand = s.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[:rows, :cols]
-    elif isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
-        expand = s.unsqueeze(1)
-    else:
-        expand = s
+    expand = _EXPAND[recipe.scale_granularity](s, recipe, rows, cols)
     return (vals * expand).to(out_dtype)
 
 

@@ -13,10 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, store_f32
 from tealite.formats import get_format
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity
 from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -100,18 +101,37 @@ def _code_constants(fmt) -> dict:
                 SUB_VALUE=float(2.0 ** (1 - bias - fmt.mbits)), SPECIALS=specials)
 
 
+# The scale layouts the kernel reads (SCALE_KIND), by the recipe's scale granularity.
+_SCALE_KINDS = {Granularity.TENSOR: _TENSOR, Granularity.ROW: _ROW, Granularity.BLOCK: _BLOCK,
+                Granularity.MX_BLOCK: _MX}
+
+
+def recipe_reason(recipe) -> str | None:
+    """Why the kernel does not dequantize ``recipe`` (None: it does), from its facts."""
+    why = outside(recipe, "triton dequantize", family=(Family.FP8, Family.MX))
+    if why or recipe.family is Family.MX:  # E8M0 bytes, one per 32 codes
+        return why or outside(recipe, "triton MX dequantize",
+                              scale_granularity=(Granularity.MX_BLOCK,), block=(32,))
+    # float32 scales per tensor, row or (BR, BC) block of any size
+    return outside(recipe, "triton FP8 dequantize", scale_granularity=(
+        Granularity.TENSOR, Granularity.ROW, Granularity.BLOCK))
+
+
+def _why_not(params) -> str | None:
+    return recipe_reason(params["recipe"])
+
+
 def _scale_layout(recipe) -> tuple[int, int, int]:
     """(SCALE_KIND, BR, BC) of a recipe's scale_inv."""
-    if isinstance(recipe, R.MXBlockScaling):
+    kind = _SCALE_KINDS[recipe.scale_granularity]
+    if kind == _MX:
         return _MX, 1, recipe.block
-    if isinstance(recipe, R.Float8BlockScaling):
+    if kind == _BLOCK:
         return (_BLOCK, *recipe.block)
-    if isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
-        return _ROW, 1, 1
-    return _TENSOR, 1, 1
+    return kind, 1, 1
 
 
-@BACKEND.implements(Op.DEQUANTIZE, dtypes=_FLOATS, devices=DEVICES)
+@BACKEND.implements(Op.DEQUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not)
 def dequantize(q, *, out_dtype, columnwise):
     data = q.columnwise_data if columnwise else q.data
     s = q.columnwise_scale_inv if columnwise else q.scale_inv

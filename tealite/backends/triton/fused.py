@@ -31,7 +31,6 @@ import torch
 import triton
 import triton.language as tl
 
-import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES, PLATFORM
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _encode_fp8_sat,
                                              _fmt_constants, _mx_descale, _mx_scale_constants,
@@ -39,7 +38,9 @@ from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.activations import act_f32
 from tealite.backends.triton.norms import effective_weight
-from tealite.formats import ElementRounding, FP8ScaleRule, Saturation, get_format
+from tealite.formats import FP8_FORMATS, ElementRounding, FP8ScaleRule, Saturation, get_format
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity
 from tealite.types import GATED, Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -164,9 +165,9 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, amax_ptr, scale_ptr, n_rows, N, fmax,
 # ---- host side -------------------------------------------------------------------------
 
 def _qmode(recipe) -> int:
-    if isinstance(recipe, R.MXBlockScaling):
+    if recipe.family is Family.MX:
         return _MX
-    return _PER_ROW if isinstance(recipe, R.Float8CurrentScaling) else _GIVEN
+    return _GIVEN if recipe.scale_given else _PER_ROW
 
 
 def _tile(rows: int, n: int) -> dict:
@@ -181,15 +182,15 @@ def _constants(recipe, rows: int, n: int) -> dict:
     fmt = get_format(recipe.fmt)
     mode = _qmode(recipe)
     consts = dict(_fmt_constants(fmt), **_overflow_constants(fmt), **_tile(rows, n),
-                  QMODE=mode, POW2=getattr(recipe, "force_pow2_scales", False),
-                  SATURATE=getattr(recipe, "saturation", Saturation.SATURATE)
-                  is Saturation.SATURATE,
-                  TIES_AWAY=getattr(recipe, "element_rounding", None)
-                  is ElementRounding.TIES_AWAY)
-    if mode == _MX:
-        consts.update(_mx_scale_constants(fmt.name, recipe.scale_rounding))
-    else:
-        consts.update(MODE=0, EMAX=fmt.emax, FMAX=float(fmt.max))
+                  QMODE=mode)
+    if mode == _MX:  # MX always saturates (OCP)
+        consts.update(_mx_scale_constants(fmt.name, recipe.scale_rounding), POW2=False,
+                      SATURATE=True,
+                      TIES_AWAY=recipe.element_rounding is ElementRounding.TIES_AWAY)
+    else:  # FP8 elements round to nearest even; a given scale takes no pow2 rounding
+        consts.update(MODE=0, EMAX=fmt.emax, FMAX=float(fmt.max), TIES_AWAY=False,
+                      POW2=mode == _PER_ROW and recipe.force_pow2_scales,
+                      SATURATE=recipe.saturation is Saturation.SATURATE)
     return consts
 
 
@@ -230,20 +231,44 @@ class _Outputs:
             q.scale_inv = torch.reciprocal(scale)
             q.amax = self.amax.amax().reshape(1) if self.rows else \
                 torch.zeros(1, dtype=torch.float32, device=scale.device)
+        if self.recipe.amax_granularity is None:  # the recipe reports none
+            q.amax = None
         return q
 
 
 def _quant_args(recipe) -> tuple[float, float]:
-    """Runtime scalars of the scale rule: (format max, amax_epsilon)."""
-    return float(get_format(recipe.fmt).max), float(getattr(recipe, "amax_epsilon", 0.0))
+    """Runtime scalars of the scale rule: (format max, amax_epsilon; none for a given scale
+    or MX)."""
+    per_row = recipe.family is Family.FP8 and not recipe.scale_given
+    return float(get_format(recipe.fmt).max), float(recipe.amax_epsilon) if per_row else 0.0
+
+
+def _recipe_reason(recipe) -> str | None:
+    """Why these kernels do not fuse ``recipe`` (None: they do), from its facts."""
+    why = outside(recipe, "triton fused quantize", family=(Family.FP8, Family.MX))
+    if why or recipe.family is Family.MX:
+        return why or outside(recipe, "triton fused MX quantize",
+                              scale_granularity=(Granularity.MX_BLOCK,), block=(MX_BLOCK,))
+    why = outside(recipe, "triton fused FP8 quantize", fmt=FP8_FORMATS,
+                  scale_given=(False, True), scale_rule=tuple(FP8ScaleRule))
+    if why:
+        return why
+    if recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
+        return (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: these "
+                "kernels compute TE's scale = fmax / amax")
+    if recipe.scale_given:  # codes of y * scale, the tensor's amax
+        return outside(recipe, "triton fused quantize with a given scale",
+                       scale_granularity=(Granularity.TENSOR,),
+                       amax_granularity=(Granularity.TENSOR, None))
+    return outside(recipe, "triton fused quantize", scale_granularity=(Granularity.ROW,),
+                   amax_granularity=(Granularity.ROW, None))
 
 
 def _why_not(params) -> str | None:
     recipe = params.get("recipe")
-    if isinstance(recipe, R.Float8CurrentScaling) and \
-            recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
-        return (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: these "
-                "kernels compute TE's scale = fmax / amax")
+    why = _recipe_reason(recipe)
+    if why:
+        return why
     if params["fmt"] == "e2m1":
         return "MXFP4 (e2m1 elements) is not fused here: these kernels encode FP8 elements"
     n = params["n_out"]

@@ -54,7 +54,6 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-import tealite.recipes as R
 from tealite._checks import require
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
@@ -64,6 +63,8 @@ from tealite.backends.triton._qgemm_operands import (
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
+from tealite.recipe_facts import outside, qgemm_kind
+from tealite.recipes import Family, Granularity, describe
 from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -367,22 +368,23 @@ def pick_config(kind: str, native: bool, m: int, n: int, device) -> QGemmConfig:
 
 def _scale_operand(recipe, scales: torch.Tensor, rows: int, k: int, name: str):
     """(scales as the kernel reads them, row stride, K stride, rows per scale row)."""
-    if isinstance(recipe, R.MXBlockScaling):
+    kind = qgemm_kind(recipe)
+    if kind == "mx":
         want, per = (rows, triton.cdiv(k, _MX_SCALE_K)), 1
         s = scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales
-    elif isinstance(recipe, R.Float8BlockScaling):
+    elif kind == "block":
         per = recipe.block[0]
         want = (triton.cdiv(rows, per), triton.cdiv(k, _BLOCK_SCALE_K))
         s = scales
-    else:
-        row = isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row"
+    else:  # "fp8": per tensor or per row (the check admits no other layout)
+        row = recipe.scale_granularity is Granularity.ROW
         require(scales.numel() == (rows if row else 1),
                  f"{name} scales: {'one per row' if row else 'one per tensor'} expected "
                  f"({rows if row else 1}), got shape {tuple(scales.shape)}")
         s = scales.reshape(-1)
         return s, (s.stride(0) if row else 0), 0, 1
     require(tuple(s.shape) == want,
-             f"{name} scales: shape {want} expected for {R.describe(recipe)}, got {tuple(s.shape)}")
+             f"{name} scales: shape {want} expected for {describe(recipe)}, got {tuple(s.shape)}")
     return s, s.stride(0), s.stride(1), per
 
 
@@ -405,8 +407,7 @@ def _span(t: torch.Tensor) -> int:
 def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
            bias, config: QGemmConfig | None = None) -> torch.Tensor:
     """Run the kernel; ``config`` overrides the fixed choice (benchmarks)."""
-    kind = "mx" if isinstance(recipe_a, R.MXBlockScaling) else \
-        "block" if isinstance(recipe_a, R.Float8BlockScaling) else "fp8"
+    kind = qgemm_kind(recipe_a)
     device = a_codes.device
     native = dot_fp8(recipe_a.fmt, recipe_b.fmt, device)
     # MX converts each operand on its own (to scaled bf16), so each may use the hardware's fp8
@@ -510,7 +511,32 @@ def _gamma(n: int, u: float) -> float:
     return n * u / (1 - n * u) if n * u < 1 else math.inf
 
 
-@BACKEND.implements(Op.QGEMM, dtypes=_FLOATS, devices=DEVICES, numerics=_numerics)
+# The operand facts the kernel is written for, per scaled-GEMM kind: float32 scales per tensor
+# or row ("fp8"), per 128-long K block of one row (B) or of 1 or 128 rows (A) ("block"), E8M0
+# bytes per 32 along K ("mx").
+_A_BLOCKS, _B_BLOCKS = ((1, _BLOCK_SCALE_K), (_BLOCK_SCALE_K, _BLOCK_SCALE_K)), \
+    ((1, _BLOCK_SCALE_K),)
+
+
+def _operand_reason(recipe, name: str, blocks) -> str | None:
+    kind = qgemm_kind(recipe)
+    if kind == "mx":
+        return outside(recipe, f"triton MX qgemm ({name})", family=(Family.MX,),
+                       block=(_MX_SCALE_K,))
+    why = outside(recipe, f"triton qgemm ({name})", family=(Family.FP8,),
+                  scale_granularity=(Granularity.TENSOR, Granularity.ROW, Granularity.BLOCK))
+    if why or kind == "fp8":
+        return why
+    return outside(recipe, f"triton block qgemm ({name})", block=blocks)
+
+
+def _why_not(params) -> str | None:
+    return _operand_reason(params["recipe_a"], "a", _A_BLOCKS) or \
+        _operand_reason(params["recipe_b"], "b", _B_BLOCKS)
+
+
+@BACKEND.implements(Op.QGEMM, dtypes=_FLOATS, devices=DEVICES, check=_why_not,
+                    numerics=_numerics)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):
     out = launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, m=m, n=n, k=k,

@@ -25,15 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
-import tealite.recipes as R
 from tealite.backends.triton import BACKEND, DEVICES, PLATFORM
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
                                              _overflow_constants, _te_scale, _tile_ids,
                                              hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.quantize_block import quantize_block
-from tealite.backends.triton.quantize_mx import quantize_mx
-from tealite.formats import FP8ScaleRule, Saturation, get_format
+from tealite.backends.triton.quantize_mx import MX_BLOCK, quantize_mx
+from tealite.formats import FP8_FORMATS, FP8ScaleRule, Saturation, get_format
+from tealite.recipe_facts import outside
+from tealite.recipes import Family, Granularity
 from tealite.types import Op, QuantizedTensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -273,9 +274,10 @@ def _per_tensor(x: torch.Tensor, recipe, scale, rowwise: bool, columnwise: bool)
     x = x.contiguous()
     m, k = x.shape
     dev = x.device
-    given = isinstance(recipe, R.DelayedScaling)
-    pow2 = getattr(recipe, "force_pow2_scales", False)
-    eps = getattr(recipe, "amax_epsilon", 0.0)
+    given = recipe.scale_given
+    # A given scale is used as it is: no scale rule (pow2, epsilon) applies to it.
+    pow2 = False if given else recipe.force_pow2_scales
+    eps = 0.0 if given else recipe.amax_epsilon
     amax = None if given else _amax(x)
     sinv = torch.empty(1, dtype=torch.float32, device=dev)
     q = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
@@ -354,29 +356,58 @@ def _quantize_per_row(out: QuantizedTensor, x: torch.Tensor, recipe, rowwise: bo
             out.amax = _per_row(x, recipe)[2]
 
 
-def _why_not(params) -> str | None:
-    recipe = params["recipe"]
-    if isinstance(recipe, R.Float8CurrentScaling) and \
-            recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
+_BLOCKS = ((1, 128), (128, 128))  # the blocks quantize_block is written for
+
+
+def recipe_reason(recipe) -> str | None:
+    """Why these kernels do not quantize ``recipe`` (None: they do), from its facts."""
+    why = outside(recipe, "triton quantize", family=(Family.FP8, Family.MX))
+    if why or recipe.family is Family.MX:
+        # quantize_mx: every scale and element rounding, FP8 and e2m1 elements.
+        return why or outside(recipe, "triton MX quantize",
+                              scale_granularity=(Granularity.MX_BLOCK,), block=(MX_BLOCK,))
+    why = outside(recipe, "triton FP8 quantize", fmt=FP8_FORMATS,
+                  scale_given=(False, True), scale_rule=tuple(FP8ScaleRule))
+    if why:
+        return why
+    if recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
         return (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: these "
                 "kernels compute TE's scale = fmax / amax")
-    return None
+    # The amax a kernel computes is the tensor's (given or per tensor) or the rows' (per
+    # row); a recipe that reports none gets none.
+    if recipe.scale_given:
+        return outside(recipe, "triton quantize with a given scale",
+                       scale_granularity=(Granularity.TENSOR,),
+                       amax_granularity=(Granularity.TENSOR, None))
+    gran = recipe.scale_granularity
+    if gran is Granularity.BLOCK:
+        return outside(recipe, "triton block quantize", block=_BLOCKS, amax_granularity=(None,))
+    return outside(recipe, "triton quantize",
+                   scale_granularity=(Granularity.TENSOR, Granularity.ROW),
+                   amax_granularity=(gran, None))
+
+
+def _why_not(params) -> str | None:
+    return recipe_reason(params["recipe"])
 
 
 @BACKEND.implements(Op.QUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not)
 def quantize(x, recipe, *, rowwise, columnwise, scale):
     out = QuantizedTensor(recipe=recipe, shape=tuple(x.shape))
-    if isinstance(recipe, R.MXBlockScaling):
+    gran = recipe.scale_granularity
+    if recipe.family is Family.MX:
         out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv = quantize_mx(
             x, recipe, rowwise=rowwise, columnwise=columnwise)
-    elif isinstance(recipe, R.Float8BlockScaling):
+    elif gran is Granularity.BLOCK:
         out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv = \
             quantize_block(x, recipe, rowwise=rowwise, columnwise=columnwise)
-    elif isinstance(recipe, R.Float8CurrentScaling) and recipe.granularity == "row":
+    elif gran is Granularity.ROW:
         _quantize_per_row(out, x, recipe, rowwise, columnwise)
-    else:
+    else:  # per tensor, given or current: the check admits no other layout
         out.data, out.scale_inv, out.columnwise_data, out.columnwise_scale_inv, out.amax = \
             _per_tensor(x, recipe, scale, rowwise, columnwise)
+    if recipe.amax_granularity is None:
+        out.amax = None
     return out
 
 
