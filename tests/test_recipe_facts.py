@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import tealite
-import tealite.ops.quantize as quantize_op
 from tealite import recipes as R
 from tealite.formats import FP8ScaleRule, Saturation
 from tealite.recipe_facts import outside, qgemm_kind
@@ -84,10 +83,10 @@ class _AiterBlocks(_Local):
 
 @pytest.fixture
 def register(monkeypatch):
-    """Registers a recipe class for this test only: its JSON kind and the front-end's list."""
+    """Registers a recipe class for this test only: its JSON kind and the recipe list."""
     def reg(cls):
         monkeypatch.setitem(R.BY_KIND, cls.kind, cls)
-        monkeypatch.setattr(quantize_op, "RECIPE_TYPES", quantize_op.RECIPE_TYPES + (cls,))
+        monkeypatch.setattr(R, "RECIPES", R.RECIPES + (cls,))
         return cls().to_json()
     return reg
 

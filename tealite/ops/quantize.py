@@ -39,10 +39,6 @@ from tealite.formats import get_format
 from tealite.types import Op, QuantizedTensor  # noqa: F401  (QuantizedTensor re-exported)
 
 
-# Every built-in recipe (a CustomRecipe is resolved to one per tensor before it gets here).
-RECIPE_TYPES = R.RECIPES
-
-
 def check_given_scale(recipe, scale, device: torch.device) -> None:
     """``scale`` is given exactly when the recipe takes its scale as an input (DelayedScaling:
     the scale its amax history produced), as float32 of shape (1,) on ``device``."""
@@ -76,8 +72,10 @@ def quantize(x: torch.Tensor, recipe, *, rowwise: bool = True, columnwise: bool 
              scale: torch.Tensor | None = None, pad: bool = False,
              backend: str | None = None) -> QuantizedTensor:
     check_tensor("x", x, ndim=2)
-    require(isinstance(recipe, RECIPE_TYPES),
-            f"recipe must be one of {[t.__name__ for t in RECIPE_TYPES]}, got "
+    # Every recipe class R.RECIPES registers (read per call: a CustomRecipe is resolved to one
+    # per tensor before it gets here).
+    require(isinstance(recipe, R.RECIPES),
+            f"recipe must be one of {[t.__name__ for t in R.RECIPES]}, got "
             f"{type(recipe).__name__}")
     require(rowwise or columnwise, "at least one of rowwise / columnwise must be True")
     check_given_scale(recipe, scale, x.device)
