@@ -15,12 +15,14 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name" >&2
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?" >> "$OUT/$name.log"
   tail -4 "$OUT/$name.log" >&2; }
 step aiter_tests ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider -rs \
-  tests/test_aiter_quantize.py tests/test_aiter_gemm.py tests/test_aiter_qgemm.py \
-  tests/test_aiter_norms.py tests/test_aiter_fused.py tests/test_aiter_triton_loader.py
+  tests/test_aiter_quantize.py tests/test_aiter_quantize_mxfp4.py tests/test_aiter_gemm.py \
+  tests/test_aiter_qgemm.py tests/test_aiter_norms.py tests/test_aiter_fused.py \
+  tests/test_aiter_triton_loader.py
 step aiter_differential ${T_DIFF:-240} python3 -m pytest -q -p no:cacheprovider -rs \
   tests/test_differential.py -k aiter_triton
 step reference_device ${T_REF:-90} python3 -m pytest -q -p no:cacheprovider -rs \
-  tests/test_reference_device.py
+  tests/test_reference_device_gemm.py tests/test_reference_device_agreement.py \
+  tests/test_reference_device_routing.py
 step gate_contracts ${T_OBS:-90} python3 -m tealite_verify gate contracts --observe --device cuda
 step gate_capture ${T_GATE:-240} python3 -m tealite_verify gate capture --device cuda \
   --out "$OUT/gate-cuda.json"

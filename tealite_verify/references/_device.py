@@ -22,7 +22,7 @@ torch (CPU), and +, -, *, /, sqrt are IEEE-rounded on both.  A few ulp of float6
 relative, thousands of times below the fp32 unit roundoff the tightest tolerance allows.
 NaN and Inf propagate alike (torch.maximum propagates NaN like np.maximum); only the sign of a
 zero maximum may differ (np.maximum(-0.0, 0.0) is +0.0, torch's is -0.0), which no tolerance
-can see.  tests/test_reference_device.py bounds the two paths' difference.
+can see.  tests/test_reference_device_agreement.py bounds the two paths' difference.
 """
 from __future__ import annotations
 
