@@ -21,7 +21,7 @@ from tealite.formats import FP8ScaleRule, Saturation
 from tealite.recipe_facts import outside, qgemm_kind
 from tealite.recipes import Family, Granularity
 from tealite_verify.runner import run_case
-from tealite_verify.specs import get_spec
+from tealite_verify.specs import all_specs, get_spec
 
 from _helpers_quant import FLOATS, NORMAL, TORCH_Q, qcase
 
@@ -84,6 +84,8 @@ class _AiterBlocks(_Local):
 @pytest.fixture
 def register(monkeypatch):
     """Registers a recipe class for this test only: its JSON kind and the recipe list."""
+    all_specs()  # built before the class joins R.RECIPES: the specs' coverage stays built-in
+
     def reg(cls):
         monkeypatch.setitem(R.BY_KIND, cls.kind, cls)
         monkeypatch.setattr(R, "RECIPES", R.RECIPES + (cls,))

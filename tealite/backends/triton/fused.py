@@ -38,7 +38,8 @@ from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp8_rounded, _
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.activations import act_f32
 from tealite.backends.triton.norms import effective_weight
-from tealite.formats import FP8_FORMATS, ElementRounding, FP8ScaleRule, Saturation, get_format
+from tealite.backends.triton.quantize import shared_reason
+from tealite.formats import ElementRounding, Saturation, get_format
 from tealite.recipe_facts import outside
 from tealite.recipes import Family, Granularity
 from tealite.types import GATED, Op, QuantizedTensor
@@ -244,22 +245,11 @@ def _quant_args(recipe) -> tuple[float, float]:
 
 
 def _recipe_reason(recipe) -> str | None:
-    """Why these kernels do not fuse ``recipe`` (None: they do), from its facts."""
-    why = outside(recipe, "triton fused quantize", family=(Family.FP8, Family.MX))
-    if why or recipe.family is Family.MX:
-        return why or outside(recipe, "triton fused MX quantize",
-                              scale_granularity=(Granularity.MX_BLOCK,), block=(MX_BLOCK,))
-    why = outside(recipe, "triton fused FP8 quantize", fmt=FP8_FORMATS,
-                  scale_given=(False, True), scale_rule=tuple(FP8ScaleRule))
-    if why:
+    """Why these kernels do not fuse ``recipe`` (None: they do), from its facts: what every
+    Triton quantizer requires, then per-row scales (a fused kernel sees one row at a time)."""
+    decided, why = shared_reason(recipe, fused=True)
+    if decided:
         return why
-    if recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
-        return (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: these "
-                "kernels compute TE's scale = fmax / amax")
-    if recipe.scale_given:  # codes of y * scale, the tensor's amax
-        return outside(recipe, "triton fused quantize with a given scale",
-                       scale_granularity=(Granularity.TENSOR,),
-                       amax_granularity=(Granularity.TENSOR, None))
     return outside(recipe, "triton fused quantize", scale_granularity=(Granularity.ROW,),
                    amax_granularity=(Granularity.ROW, None))
 

@@ -359,26 +359,39 @@ def _quantize_per_row(out: QuantizedTensor, x: torch.Tensor, recipe, rowwise: bo
 _BLOCKS = ((1, 128), (128, 128))  # the blocks quantize_block is written for
 
 
-def recipe_reason(recipe) -> str | None:
-    """Why these kernels do not quantize ``recipe`` (None: they do), from its facts."""
-    why = outside(recipe, "triton quantize", family=(Family.FP8, Family.MX))
+def shared_reason(recipe, *, fused: bool = False) -> tuple[bool, str | None]:
+    """What every tealite Triton quantizer (plain and fused) requires of a recipe, from its
+    facts: ``(decided, reason)``.  ``decided`` is True when ``reason`` is the answer (a
+    refusal, or an MX or given-scale recipe the kernels take, reason None); False leaves an
+    FP8 recipe's own scale layout to the caller."""
+    k = "fused " if fused else ""
+    why = outside(recipe, f"triton {k}quantize", family=(Family.FP8, Family.MX))
     if why or recipe.family is Family.MX:
-        # quantize_mx: every scale and element rounding, FP8 and e2m1 elements.
-        return why or outside(recipe, "triton MX quantize",
-                              scale_granularity=(Granularity.MX_BLOCK,), block=(MX_BLOCK,))
-    why = outside(recipe, "triton FP8 quantize", fmt=FP8_FORMATS,
+        # The MX kernels: every scale and element rounding, FP8 and e2m1 elements.
+        return True, why or outside(recipe, f"triton {k}MX quantize",
+                                    scale_granularity=(Granularity.MX_BLOCK,),
+                                    block=(MX_BLOCK,))
+    why = outside(recipe, f"triton {k}FP8 quantize", fmt=FP8_FORMATS,
                   scale_given=(False, True), scale_rule=tuple(FP8ScaleRule))
     if why:
-        return why
+        return True, why
     if recipe.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX:
-        return (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: these "
-                "kernels compute TE's scale = fmax / amax")
+        return True, (f"scale_rule {recipe.scale_rule.value} (AITER's) is not implemented: "
+                      "these kernels compute TE's scale = fmax / amax")
     # The amax a kernel computes is the tensor's (given or per tensor) or the rows' (per
     # row); a recipe that reports none gets none.
     if recipe.scale_given:
-        return outside(recipe, "triton quantize with a given scale",
-                       scale_granularity=(Granularity.TENSOR,),
-                       amax_granularity=(Granularity.TENSOR, None))
+        return True, outside(recipe, f"triton {k}quantize with a given scale",
+                             scale_granularity=(Granularity.TENSOR,),
+                             amax_granularity=(Granularity.TENSOR, None))
+    return False, None
+
+
+def recipe_reason(recipe) -> str | None:
+    """Why these kernels do not quantize ``recipe`` (None: they do), from its facts."""
+    decided, why = shared_reason(recipe)
+    if decided:
+        return why
     gran = recipe.scale_granularity
     if gran is Granularity.BLOCK:
         return outside(recipe, "triton block quantize", block=_BLOCKS, amax_granularity=(None,))
