@@ -1,6 +1,7 @@
 """tealite: TransformerEngine-style kernels (GEMM, norms, activations, quantization) for
 ROCm/AITER, Triton, torch._scaled_mm and PyTorch, behind one functional op API."""
 from tealite.errors import BackendUnavailable, TealiteArgumentError, UnsupportedCase
+from tealite.ops.attention import AttentionBwd, AttentionFwd, attention_bwd, attention_fwd
 from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
 from tealite.ops.fused import act_fwd_quantize, layernorm_fwd_quantize, rmsnorm_fwd_quantize
 from tealite.ops.gemm import GemmOutput, gemm
@@ -21,4 +22,5 @@ __all__ = [
     "qgemm", "QGemmOutput", "shuffle_weight", "unshuffle_weight", "shuffle_e8m0_scales",
     "unshuffle_e8m0_scales", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
     "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
+    "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
 ]

@@ -77,6 +77,19 @@ class Numerics:
     # the amax is floored at this value before the scale is computed (default 0).
     amax_floor: float | None = None
 
+    # --- softmax / attention ---------------------------------------------------------
+    # ulps of fp32 error in the kernel's exp (default 1; an exp2-based approximation such as
+    # Triton's tl.exp2 with a pre-multiplied log2(e) declares more).
+    exp_ulps: int | None = None
+    # P (the softmax probabilities) is rounded to this dtype before the P @ V product
+    # (flash kernels feed the tensor cores in the input dtype); in backward also before dV.
+    attention_p_rounded_to: torch.dtype | None = None
+    # dS is rounded to this dtype before the dQ / dK products (flash backward kernels).
+    attention_ds_rounded_to: torch.dtype | None = None
+    # the forward softmax is computed online over key blocks of this size (running max and
+    # sum, the partial output rescaled per block: FlashAttention); None: one pass per row.
+    attention_kv_block: int | None = None
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))

@@ -45,6 +45,12 @@ class Op(str, enum.Enum):
     ACT_FWD_QUANTIZE = "act_fwd_quantize"
     SHUFFLE_WEIGHT = "shuffle_weight"
     SHUFFLE_E8M0 = "shuffle_e8m0"
+    SOFTMAX_FWD = "softmax_fwd"
+    SOFTMAX_BWD = "softmax_bwd"
+    ATTENTION_FWD = "attention_fwd"
+    ATTENTION_BWD = "attention_bwd"
+    ROPE_FWD = "rope_fwd"
+    ROPE_BWD = "rope_bwd"
 
     # str() and f-strings give the plain name (Python 3.11 would give "Op.GEMM"): messages,
     # reasons and stored reports read as they did when ops were strings.
