@@ -1,7 +1,8 @@
 """Specs for RoPE forward and backward (TE's fused RoPE; semantics in tealite/ops/rope.py).
 
-A case names the tensor format, the interleaving, the tensor's shape (thd: the full
-sequence lengths instead, multiples of ``2 cp_size``), the rotary dim ``d2``, context
+A case names the tensor format, the interleaving, the dims ``shape = (s, b, h, d)`` in every
+format (thd: also the full sequence lengths, multiples of ``2 cp_size``, s then being the
+longest local one; see :func:`seqlens`), the rotary dim ``d2``, context
 parallelism (``cp_size``, ``cp_rank``), optional per-sequence start positions, and how
 freqs are built: TE's ``RotaryPositionEmbedding`` table (``inv_freq = base^(-2i/d2)`` times
 the position plus ``pos_offset``, halves repeated or interleaved, all in float32) or a
@@ -53,6 +54,8 @@ def cases(draw, dtype: str | None = None, size: str = "ci", *, bwd: bool = False
     heads, b = draw(dim(max_h)), draw(dim(max_b, allow_zero=True))
     case = {"tensor_format": fmt, "interleaved": draw(st.booleans()), "d2": draw(_rotary_dim(d)),
             "cp_size": cp, "cp_rank": draw(st.integers(0, cp - 1)), "dtype": dtype}
+    s = draw(dim(max_s, allow_zero=True))
+    s = 2 * (s // 2) if cp > 1 else s  # two equal chunks per local sequence
     if fmt == "thd":
         # Full lengths, multiples of 2 cp (0 and the shortest nonzero length included).
         unit = 2 * cp if cp > 1 else 1
@@ -60,13 +63,9 @@ def cases(draw, dtype: str | None = None, size: str = "ci", *, bwd: bool = False
         lens = draw(st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(0, top)),
                              min_size=1, max_size=max(1, max_b + 1)))
         case["seqlens"] = [n * unit for n in lens]
-        case["shape"] = [sum(case["seqlens"]) // cp, heads, d]
-        nseq = len(lens)
-    else:
-        s = draw(dim(max_s, allow_zero=True))
-        s = 2 * max(s // 2, 0) if cp > 1 else s
-        case["shape"] = [s, b, heads, d] if fmt == "sbhd" else [b, s, heads, d]
-        nseq = b
+        s, b = max(case["seqlens"]) // cp, len(lens)
+    case["shape"] = [s, b, heads, d]
+    nseq = b
     if cp == 1 and draw(st.booleans()):
         case["start_positions"] = draw(st.lists(st.integers(0, 2 * max_s), min_size=nseq,
                                                 max_size=nseq))
@@ -79,11 +78,28 @@ def cases(draw, dtype: str | None = None, size: str = "ci", *, bwd: bool = False
     return case
 
 
+def seqlens(case) -> list[int]:
+    """thd: the full sequence lengths.  ``shape`` is (s, b, h, d) in every format, s the
+    longest local sequence: a case moved into thd without ``seqlens`` has b sequences of
+    local length s, and one moved to s = 0 (the empty cell) has only empty sequences."""
+    s, b, cp = case["shape"][0], case["shape"][1], case["cp_size"]
+    if s == 0:
+        return [0] * b
+    return list(case.get("seqlens") or [s * cp] * b)
+
+
 def _lens(case) -> list[int]:
-    fmt, shape, cp = case["tensor_format"], case["shape"], case["cp_size"]
+    if case["tensor_format"] == "thd":
+        return [n // case["cp_size"] for n in seqlens(case)]
+    return [case["shape"][0]] * case["shape"][1]
+
+
+def tensor_shape(case) -> list[int]:
+    s, b, h, d = case["shape"]
+    fmt = case["tensor_format"]
     if fmt == "thd":
-        return [n // cp for n in case["seqlens"]]
-    return [shape[0] if fmt == "sbhd" else shape[1]] * (shape[1] if fmt == "sbhd" else shape[0])
+        return [sum(_lens(case)), h, d]
+    return [s, b, h, d] if fmt == "sbhd" else [b, s, h, d]
 
 
 def _rows_needed(case) -> int:
@@ -114,11 +130,11 @@ def make_freqs(case) -> torch.Tensor:
 
 def make_inputs(case, device, *, bwd: bool) -> dict:
     dt = dtype_of(case["dtype"])
-    x = generate(case["dist"], case["shape"], dt, case["seed"], device)
+    x = generate(case["dist"], tensor_shape(case), dt, case["seed"], device)
     inputs = {"dy" if bwd else "t": x, "freqs": make_freqs(case).to(device)}
     if case["tensor_format"] == "thd":
         cu = [0]
-        for n in case["seqlens"]:
+        for n in seqlens(case):
             cu.append(cu[-1] + n)
         inputs["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device=device)
     if case.get("start_positions") is not None:
@@ -175,13 +191,14 @@ def _smoke(fmt, shape, dtype, **kw):
 
 _SMOKE = (
     _smoke("sbhd", [13, 2, 3, 64], "bfloat16"),
-    _smoke("bshd", [2, 11, 2, 40], "float16", interleaved=True, d2=20),
-    _smoke("thd", [6, 2, 32], "float32", seqlens=[0, 1, 5]),
-    _smoke("thd", [10, 2, 16], "float32", seqlens=[8, 0, 12], cp_size=2, cp_rank=1,
+    _smoke("bshd", [11, 2, 2, 40], "float16", interleaved=True, d2=20),
+    _smoke("thd", [5, 3, 2, 32], "float32", seqlens=[0, 1, 5]),
+    _smoke("thd", [6, 3, 2, 16], "float32", seqlens=[8, 0, 12], cp_size=2, cp_rank=1,
            interleaved=True, d2=10),
     _smoke("sbhd", [8, 2, 1, 24], "float32", cp_size=4, cp_rank=2),
-    _smoke("bshd", [2, 7, 1, 18], "bfloat16", start_positions=[3, 9], d2=6,
+    _smoke("bshd", [7, 2, 1, 18], "bfloat16", start_positions=[3, 9], d2=6,
            freqs={"kind": "te", "base": 10000.0, "pos_offset": 2 ** 20, "extra_rows": 1}),
+    _smoke("sbhd", [9, 2, 2, 64], "float16", d2=32, interleaved=True),
 )
 
 _COVERAGE = (cov.layout_cells("tensor_format", FORMATS)
