@@ -32,7 +32,7 @@ from tealite_verify.tiers.metrics import Tier
 FORMATS = ("sbhd", "bshd", "thd")
 # (max seq, max batch, max heads, max head dim) per size: the ci size keeps interpreted
 # Triton cases tiny.
-_LIMITS = {"ci": (48, 3, 4, 64), "local": (512, 8, 16, 256), "large": (8192, 8, 32, 256)}
+_LIMITS = {"ci": (32, 2, 3, 64), "local": (512, 8, 16, 256), "large": (8192, 8, 32, 256)}
 _OFFSETS = (0, 0, 0, 1000, 2 ** 15, 2 ** 20)
 
 

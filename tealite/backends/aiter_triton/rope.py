@@ -22,7 +22,8 @@ reason in ``check``):
   float32 freqs (what the caller of a cached entry point does) and the positions with
   :func:`tealite.types.rope_positions` (start offsets, TE's two-chunk cp layout).
 
-Limits of AITER's kernels (refused): the rotated width is a ``tl.arange`` tile, so it must be
+Limits of AITER's kernels (refused): the cached thd entry points with a head count that is
+not a power of two (:data:`THD_2C_HEADS`: they write past the last head); the rotated width is a ``tl.arange`` tile, so it must be
 a power of two; partial rotary only as ``d2 == d / 2`` (its ``HAVE_NOPE``: the tail is the
 other half).  bf16 under Triton's interpreter: AITER rounds with ``.to()``, which the
 interpreter truncates (aiter_triton.norms.interpreter_bf16_reason).
@@ -61,6 +62,14 @@ for _entry in ENTRY_POINTS:
                "positions": "given per token" if "cached" in _entry else "0.. per sequence"}))
 
 
+# Read from AITER 0.1.7's _rope_kernel_thd_cached_2c_fwd / _bwd (the h == kh path) and shown
+# by tests/test_aiter_rope.py through the in-place variant: the grid covers
+# next_power_of_2(h) heads in SPLIT_H_SIZE groups and the head loop has no mask.
+THD_2C_HEADS = ("AITER 0.1.7 bug: rope_cached_thd_positions_2c_* split the heads as if there "
+                "were next_power_of_2(h) of them, with no head mask: with h not a power of two "
+                "they read and write past the last head (out of bounds)")
+
+
 def entry_point(params, *, backward: bool) -> str:
     fmt = "thd" if params["tensor_format"] == "thd" else "sbhd"
     shifted = params["cp_size"] > 1 or params["start_positions"]
@@ -84,7 +93,10 @@ def _check_for(backward: bool):
         if not _pow2(d2):
             return f"AITER's rope kernels tile the rotated width with tl.arange: d2 = {d2} " \
                    f"is not a power of two"
-        return why_missing(entry_point(params, backward=backward))
+        entry = entry_point(params, backward=backward)
+        if entry.startswith("rope_cached_thd") and not _pow2(params["heads"]):
+            return THD_2C_HEADS
+        return why_missing(entry)
 
     return check
 
