@@ -13,6 +13,8 @@ one output rounding).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from hypothesis import strategies as st
 
@@ -36,42 +38,62 @@ _LIMITS = {"ci": (32, 2, 3, 64), "local": (512, 8, 16, 256), "large": (8192, 8, 
 _OFFSETS = (0, 0, 0, 1000, 2 ** 15, 2 ** 20)
 
 
-@st.composite
-def _rotary_dim(draw, d: int) -> int:
+def _rotary_dim(d: int) -> st.SearchStrategy[int]:
     """An even d2 <= d: the whole head, its even floor, or partial (d2 / 2 odd included)."""
     even = d - d % 2
     options = [even, even, max(2, (d // 2) - (d // 2) % 2), 2, 6, 10]
-    return draw(st.sampled_from([o for o in options if 2 <= o <= even]))
+    return pick(*[o for o in options if 2 <= o <= even])
+
+
+# Strategies built once (choices.py: a strategy built inside a composite's body is validated
+# anew on every draw).
+_BOOL = st.booleans()
+
+
+@functools.lru_cache(maxsize=None)
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
+
+
+@functools.lru_cache(maxsize=None)
+def _head_dim(max_d: int) -> st.SearchStrategy[int]:
+    return dim(max_d).filter(lambda v: v >= 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_counts(top: int, max_seqs: int) -> st.SearchStrategy[list]:
+    """Full sequence lengths in units of 2 cp: 0 and 1 (the shortest) often."""
+    return st.lists(st.one_of(pick(0, 1), _ints(0, top)), min_size=1, max_size=max_seqs)
+
+
+@functools.lru_cache(maxsize=None)
+def _starts(n: int, hi: int) -> st.SearchStrategy[list]:
+    return st.lists(_ints(0, hi), min_size=n, max_size=n)
 
 
 @st.composite
 def cases(draw, dtype: str | None = None, size: str = "ci", *, bwd: bool = False):
     max_s, max_b, max_h, max_d = _LIMITS[size]
     dtype = dtype or draw(float_dtypes())
-    fmt = draw(st.sampled_from(FORMATS))
+    fmt = draw(pick(*FORMATS))
     cp = draw(pick(1, 1, 2, 4))
-    d = draw(dim(max_d).filter(lambda v: v >= 2))
+    d = draw(_head_dim(max_d))
     heads, b = draw(dim(max_h)), draw(dim(max_b, allow_zero=True))
-    case = {"tensor_format": fmt, "interleaved": draw(st.booleans()), "d2": draw(_rotary_dim(d)),
-            "cp_size": cp, "cp_rank": draw(st.integers(0, cp - 1)), "dtype": dtype}
+    case = {"tensor_format": fmt, "interleaved": draw(_BOOL), "d2": draw(_rotary_dim(d)),
+            "cp_size": cp, "cp_rank": draw(_ints(0, cp - 1)), "dtype": dtype}
     s = draw(dim(max_s, allow_zero=True))
     s = 2 * (s // 2) if cp > 1 else s  # two equal chunks per local sequence
     if fmt == "thd":
-        # Full lengths, multiples of 2 cp (0 and the shortest nonzero length included).
         unit = 2 * cp if cp > 1 else 1
-        top = max(1, max_s // unit)
-        lens = draw(st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(0, top)),
-                             min_size=1, max_size=max(1, max_b + 1)))
+        lens = draw(_chunk_counts(max(1, max_s // unit), max(1, max_b + 1)))
         case["seqlens"] = [n * unit for n in lens]
         s, b = max(case["seqlens"]) // cp, len(lens)
     case["shape"] = [s, b, heads, d]
-    nseq = b
-    if cp == 1 and draw(st.booleans()):
-        case["start_positions"] = draw(st.lists(st.integers(0, 2 * max_s), min_size=nseq,
-                                                max_size=nseq))
+    if cp == 1 and draw(_BOOL):
+        case["start_positions"] = draw(_starts(b, 2 * max_s))
     case["freqs"] = {"kind": draw(pick("te", "te", "random")),
                      "base": draw(pick(10000.0, 500000.0, 10.0)),
-                     "pos_offset": draw(st.sampled_from(_OFFSETS)),
+                     "pos_offset": draw(pick(*_OFFSETS)),
                      "extra_rows": draw(pick(0, 1, 5))}
     case["dist"] = draw(distributions(dtype))
     case["seed"] = draw(seeds())

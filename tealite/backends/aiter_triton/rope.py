@@ -23,10 +23,10 @@ reason in ``check``):
   :func:`tealite.types.rope_positions` (start offsets, TE's two-chunk cp layout).
 
 Limits of AITER's kernels (refused): the cached thd entry points with a head count that is
-not a power of two (:data:`THD_2C_HEADS`: they write past the last head); the rotated width is a ``tl.arange`` tile, so it must be
-a power of two; partial rotary only as ``d2 == d / 2`` (its ``HAVE_NOPE``: the tail is the
-other half).  bf16 under Triton's interpreter: AITER rounds with ``.to()``, which the
-interpreter truncates (aiter_triton.norms.interpreter_bf16_reason).
+not a power of two (:data:`THD_2C_HEADS`: they write past the last head); the rotated width
+is a ``tl.arange`` tile, so it must be a power of two; partial rotary only as ``d2 == d / 2``
+(its ``HAVE_NOPE``: the tail is the other half).  bf16 under Triton's interpreter: AITER
+rounds with ``.to()``, which the interpreter truncates (``norms.interpreter_bf16_reason``).
 
 Numerics: fp32 math, ``x * cos + rotate(x) * sin`` (tiers/rotary.py's gamma_2), output
 rounded by ``.to()``.  cos / sin: ``tl.cos`` / ``tl.sin`` in the plain entry points (numpy's
