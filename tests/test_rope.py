@@ -178,9 +178,10 @@ def _re(text):
 # ---- the bound: wrong ropes are caught, correct ones with other roundings are not ----------
 
 def _variant(*, swap=False, mix=False, bwd_as_fwd=False, cp_off=False, tail=False,
-             trig_bf16=False, ignore_start=False, f64=False, fma=False):
+             trig_bf16=False, ignore_start=False, f64=False, fma=False, trig_error=0.0):
     """An implementation of rope_fwd / rope_bwd as the torch backend computes it, with one
-    change: a bug (swap .. ignore_start) or a legitimate rounding difference (f64, fma)."""
+    change: a bug (swap .. ignore_start), a legitimate rounding difference (f64, fma), or
+    cos / sin off by ``trig_error`` (a stand-in for a hardware approximation)."""
     def impl(t, freqs, *, tensor_format, interleaved, cu_seqlens, cp_size, cp_rank,
              start_positions, backward):
         tokens = T.to_tokens(t, tensor_format)
@@ -196,7 +197,7 @@ def _variant(*, swap=False, mix=False, bwd_as_fwd=False, cp_off=False, tail=Fals
         arg = f.to(torch.bfloat16).float() if trig_bf16 else f
         cos, sin = torch.cos(arg.to(wide)), torch.sin(arg.to(wide))
         if not (f64 or fma):
-            cos, sin = cos.float(), sin.float()
+            cos, sin = cos.float() + trig_error, sin.float() - trig_error
         il = interleaved != mix
         x = tokens[..., :d2].to(wide)
 
@@ -282,3 +283,19 @@ def test_the_spec_builds_te_tables_in_float32():
     inv = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=F32) / 8))
     row = (torch.tensor(3.0) + 2 ** 16) * inv
     assert f.dtype == F32 and torch.equal(f[3, 0, 0], torch.cat([row, row]))
+
+
+@pytest.mark.parametrize("declared,caught", [(None, True), (32, False)])
+def test_declared_trig_error_widens_the_bound(make_backend, declared, caught):
+    """cos / sin 16 units of 2^-24 off: outside the default declaration (2 units), inside a
+    kernel's honest declaration of 32."""
+    b = make_backend("rope_trig")
+    numerics = {"compute_dtype": F32} | ({"trig_ulps": declared} if declared else {})
+    impl = _variant(trig_error=16 * 2.0 ** -24)
+    for op, backward in (("rope_fwd", False), ("rope_bwd", True)):
+        b.implements(op, numerics=numerics)(
+            lambda t, freqs, _bw=backward, **kw: impl(t, freqs, backward=_bw, **kw))
+    case = _case(dist={"kind": "normal", "scale": 64.0})
+    for op in ("rope_fwd", "rope_bwd"):
+        report = run_case(get_spec(op), case, backends=[b.name])
+        assert bool(report.failures) == caught, report.describe()
