@@ -20,7 +20,12 @@ TARGETS = {
     "norm": ("copy", 80.0),
     "gemm": ("torch.matmul", 90.0),
     "qgemm_fp8": ("torch._scaled_mm", 80.0),
+    "rope": ("copy", 80.0),  # issue 15
 }
+
+# RoPE input (s, b, h, d), sbhd, full rotary: a training shape (8 sequences of 4096 tokens,
+# 32 heads of 128), and a tiny one for the smoke run.
+ROPE_SHAPES = {"large": (4096, 8, 32, 128), "tiny": (4, 1, 2, 16)}
 
 
 @dataclass(frozen=True)
@@ -119,3 +124,9 @@ def norm_bytes(kind: str, rows: int, hidden: int, itemsize: int) -> int:
 
 def gemm_flops(m: int, n: int, k: int) -> int:
     return 2 * m * n * k
+
+
+def rope_bytes(shape, d2: int, itemsize: int) -> int:
+    """t read and y written once, in t's dtype, plus the float32 freqs rows (s, d2) read once
+    (forward and backward alike)."""
+    return 2 * itemsize * math.prod(shape) + 4 * shape[0] * d2

@@ -90,6 +90,12 @@ class Numerics:
     # sum, the partial output rescaled per block: FlashAttention); None: one pass per row.
     attention_kv_block: int | None = None
 
+    # --- rope -------------------------------------------------------------------------
+    # absolute error of the kernel's fp32 cos / sin of an fp32 argument, in units of 2^-24
+    # (half an ulp of 1; default 2: libm quality, measured <= 1.2 for numpy's and torch's CPU
+    # cos / sin up to |f| = 3e7).  Hardware approximations (sin.approx.f32) declare more.
+    trig_ulps: float | None = None
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))

@@ -8,6 +8,7 @@ Nothing here imports a front-end, the registry or a backend, so every layer may 
 * :class:`QuantizedTensor`: what ``quantize`` returns and ``dequantize`` / ``qgemm`` take;
 * the activation kinds (:data:`POINTWISE`, :data:`GATED`, :data:`ACTIVATION_KINDS`);
 * the GEMM layouts (:data:`LAYOUTS`, :func:`gemm_dims`);
+* RoPE's tensor formats (:class:`TensorFormat`) and token positions (:func:`rope_positions`);
 * AITER's pre-shuffled layouts as pure tensor permutations (:func:`weight_tile`,
   :func:`padded_scale_shape`, :func:`permute_weight_tiles`, :func:`permute_e8m0_scales`):
   the torch backend registers them as ``shuffle_weight`` / ``shuffle_e8m0`` and the AITER
@@ -88,6 +89,37 @@ POINTWISE = ("gelu", "gelu_tanh", "relu", "silu", "qgelu", "srelu")
 GATED = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu",
          "sreglu": "srelu"}
 ACTIVATION_KINDS = POINTWISE + tuple(GATED)
+
+class TensorFormat(str, enum.Enum):
+    """How a RoPE input lays out sequence, batch, heads and head dim (TE's ``tensor_format``;
+    semantics in tealite/ops/rope.py).  A ``str`` enum, as :class:`Op`: it equals and formats
+    as its plain name."""
+
+    SBHD = "sbhd"   # (s, b, h, d)
+    BSHD = "bshd"   # (b, s, h, d)
+    THD = "thd"     # (t, h, d): sequences packed along dim 0, bounded by cu_seqlens
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+def rope_positions(local_lens, *, cp_size: int = 1, cp_rank: int = 0, starts=None,
+                   device=None) -> torch.Tensor:
+    """The RoPE position (int64) of every token, sequence after sequence (tealite/ops/rope.py):
+    ``i + starts[b]`` without context parallelism, TE's two-chunk positions with it."""
+    parts = []
+    for b, n in enumerate(local_lens):
+        i = torch.arange(n, dtype=torch.int64, device=device)
+        if cp_size > 1:
+            c = n // 2
+            p = torch.where(i < c, i + cp_rank * c, (2 * cp_size - 1 - cp_rank) * c + i - c)
+        else:
+            p = i + (int(starts[b]) if starts is not None else 0)
+        parts.append(p)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=device)
+
 
 # TE's GEMM layouts (tealite/ops/gemm.py): first letter A transposed, second B transposed.
 LAYOUTS = ("TN", "NN", "NT", "TT")

@@ -62,6 +62,12 @@ def test_quantize_bytes_check_catches_a_wrong_formula(monkeypatch):
     assert bad and all(b.startswith("mx") for b in bad)
 
 
+def test_rope_bytes_match_the_op():
+    t, f = torch.randn(5, 2, 3, 16).bfloat16(), torch.randn(5, 1, 1, 10)
+    y = tealite.rope_fwd(t, f, backend="torch")
+    assert C.rope_bytes(tuple(t.shape), 10, 2) == t.nbytes + y.nbytes + f.nbytes
+
+
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 def test_norm_bytes_match_the_op(kind):
     x, g, b = torch.randn(7, 96).bfloat16(), torch.randn(96).bfloat16(), torch.randn(96).bfloat16()
@@ -92,7 +98,7 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     assert data["tealite"]["failed"] == []
     # Rows that need only torch always run.
     for name in ("test_copy", "test_quantize[fp8-perrow-torch]", "test_norm_fwd[rmsnorm-torch]",
-                 "test_gemm_torch_matmul"):
+                 "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     for b in ran.values():

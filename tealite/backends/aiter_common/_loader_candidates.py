@@ -95,6 +95,11 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("quant.fused_mxfp4_quant",              "fused_rms_mxfp4_quant",                   V10),
     C("activation",                           "act_mul_and_mxfp4_quant"),
     C("activation",                           "act_mul_and_fp8_group_quant"),
+    # RoPE: rope.py in 0.1.7; a rope/ package (rope/rope.py) later.  No version range is
+    # claimed for the move: both are tried, the flat module first.
+    *(C(module, f"{name}_{d}") for name in ("rope", "rope_thd", "rope_cached_positions",
+                                            "rope_cached_thd_positions_2c")
+      for d in ("fwd", "bwd") for module in ("rope", "rope.rope")),
 )
 del C
 
