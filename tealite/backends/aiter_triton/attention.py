@@ -35,6 +35,20 @@ AITER's semantics (amd-aiter 0.1.7.post2, read in the kernels) and what is refus
 * bf16 under the interpreter: its ``tl.dot`` multiplies bf16 operands as raw bits and its
   fp32 -> bf16 casts (P before P @ V) truncate (tests/test_aiter_gemm.py proves both).
 
+FP8 (``recipe``, forward): AITER's FP8 path is ``_flash_attn_forward`` with float8 q / k / v
+and descales of shape (b, h) (``flash_attn_func`` passes none): scores ``qk * scale *
+descale_q * descale_k``, P re-quantized per key block in the kernel with a dynamic scale
+``FP8_MAX / max(P)`` (``_compute_fp8_scaling_factors``) before P @ V, ``* descale_p *
+descale_v``; fp32 output.  The adapter quantizes q, k, v with the per-tensor recipe in torch
+(as AITER's own FP8 wrapper, ``mha_v3._quantize_bshd``, quantizes in torch, there per (batch,
+head)): scale = fmax / amax in fp32 (1 for amax 0), codes = RNE(x * scale) saturated, the
+descale 1 / scale broadcast to AITER's (b, h); the fp32 output is rounded to q's dtype.  Only
+the default rule is taken (no pow2 scales, epsilon, AITER's amax / fmax rule, non-saturating
+casts); the E4M3 flavour is the pinned arch's (OCP on gfx950, FNUZ on gfx942).  Declared:
+P rounded to that E4M3 (its dynamic per-block scale only shrinks the underflow the tier
+allows).  Refused under the interpreter: its fp32 -> fp8 cast of P is wrong
+(:data:`~tealite.backends.aiter_triton.INTERPRETER_FP8_CAST`).
+
 Numerics (declared per case): fp32 scores, online softmax over key blocks of the config's
 ``BLOCK_N`` with ``tl.math.exp2`` of scores pre-multiplied by log2(e); P rounded to the
 input dtype before P @ V, and in the backward P and dS rounded to it before the dV / dK / dQ
@@ -49,13 +63,14 @@ import torch.nn.functional as F
 from tealite.attention_types import (BOTTOM_RIGHT_MASKS, CAUSAL_MASKS, PADDING_MASKS,
                                      AttentionConfig)
 from tealite.backends.aiter_common.contracts import Contract, declare
-from tealite.backends.aiter_triton import (BACKEND, DEVICES, INTERPRET, PLATFORM, NAME, kernels,
-                                           why_missing)
+from tealite.backends.aiter_triton import (BACKEND, DEVICES, INTERPRET, PLATFORM, NAME,
+                                           fp8_platform_reason, kernels, why_missing)
 from tealite.backends.aiter_triton.gemm import TENSOR_CORE_U
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason
 from tealite.errors import UnsupportedCase
 from tealite.types import Op
 
+FWD_FP8 = "_flash_attn_forward"
 FWD = "flash_attn_func"
 FWD_VARLEN = "flash_attn_varlen_func"
 BWD = "flash_attn_onekernel_backward"
@@ -79,6 +94,30 @@ declare(Contract(backend=NAME, entry_point=BWD, op=Op.ATTENTION_BWD,
                  layouts=("q/k/v:bshd|thd (strided)", "lse:(b,h,s)|(t,h) fp32"),
                  notes="P recomputed from lse; P and dS rounded to the input dtype",
                  extra={**_EXTRA, "head_dim": "a power of 2 after padding to 8 (0.1.7 bug)"}))
+
+
+declare(Contract(backend=NAME, entry_point=FWD_FP8, op=Op.ATTENTION_FWD, family="fp8-current",
+                 fp8="arch", scale_rule="fmax/amax", element_rounding="rne",
+                 saturation="saturate",
+                 layouts=("q/k/v:fp8 bshd|thd", "descale_q:(b,h_q)", "descale_k/v:(b,h_kv)",
+                          "out:fp32"),
+                 notes="q/k/v quantized per tensor by the adapter (torch, the recipe's rule); "
+                       "P re-quantized per key block in-kernel (dynamic scale FP8_MAX/max P)",
+                 extra={**_EXTRA, "p": "fp8, dynamic per-block scale"}))
+
+
+def _recipe_reason(p) -> str | None:
+    r = p.get("recipe")
+    if r is None:
+        return None
+    from tealite.recipes import FP8ScaleRule, Saturation
+    if r.force_pow2_scales or r.amax_epsilon or r.scale_rule is not FP8ScaleRule.FMAX_OVER_AMAX \
+            or r.saturation is not Saturation.SATURATE or r.fmt != "e4m3":
+        return ("AITER's FP8 attention is driven here with the default per-tensor E4M3 recipe "
+                "only (fmax / amax, saturating, no pow2 scales or epsilon)")
+    if p["head_dim_qk"] != p["head_dim_v"]:
+        return "AITER's Triton mha has no FP8 path with d_qk != d_v (it asserts)"
+    return fp8_platform_reason() or why_missing(FWD_FP8)
 
 
 def _ceil_pad(d: int) -> int:
@@ -138,6 +177,8 @@ def _check_for(backward: bool):
                or interpreter_bf16_reason(p["dtype"]))
         if why is not None:
             return why
+        if p.get("recipe") is not None:
+            return _recipe_reason(p)
         return why_missing(BWD) if backward else why_missing(FWD_VARLEN if p["layout"] == "thd"
                                                              else FWD)
     return check
@@ -157,19 +198,27 @@ def _numerics(backward: bool):
         dtype = p["dtype"]
         nvidia = not INTERPRET and PLATFORM.get().nvidia
         entry = BWD if backward else (FWD_VARLEN if p["layout"] == "thd" else FWD)
-        out = {"compute_dtype": torch.float32, "entry_point": entry,
+        fp8 = p.get("recipe") is not None
+        out = {"compute_dtype": torch.float32, "entry_point": FWD_FP8 if fp8 else entry,
                "exp_ulps": _EXP_ULPS_INTERPRETER if INTERPRET else _EXP_ULPS_GPU,
-               "attention_p_rounded_to": dtype}
+               "attention_p_rounded_to": _fp8_dtype() if fp8 else dtype}
         if backward:
             out["attention_ds_rounded_to"] = dtype
         else:
             out["attention_kv_block"] = _config_block_n(dtype)
-        if nvidia and dtype == torch.float32:
+        if nvidia and dtype == torch.float32 and not fp8:
             out["matmul_input_rounding"] = "tf32"
         elif nvidia:
             out["accumulator_unit_roundoff"] = TENSOR_CORE_U
         return out
     return numerics
+
+
+def _fp8_dtype():
+    try:
+        return kernels().fp8_dtype
+    except Exception:  # no AITER: the declaration is never used then
+        return torch.float8_e4m3fn
 
 
 # ---- sequences, read on the host (the front-end already did) -----------------------------
@@ -205,9 +254,48 @@ def _kernels():
     return kernels()
 
 
+def _quantize_per_tensor(x: torch.Tensor, fp8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, descale) of the recipe's rule (see the module docstring), in torch."""
+    fmax = torch.finfo(fp8).max
+    amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
+    scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    codes = (x.float() * scale).clamp(-fmax, fmax).to(fp8)
+    return codes, torch.reciprocal(scale)
+
+
+def _fp8_forward(q, k, v, config: AttentionConfig):
+    fp8 = kernels().fp8_dtype
+    (q8, dq), (k8, dk), (v8, dv) = (_quantize_per_tensor(t, fp8) for t in (q, k, v))
+    if config.layout == "thd":
+        why = _thd_reason(config)
+        if why is not None:
+            raise UnsupportedCase(why)
+        lengths = _lengths(config)
+        batch, max_q, max_k = (len(lengths), max(lq for lq, _ in lengths),
+                               max(lk for _, lk in lengths))
+        cu_q, cu_k = config.cu_seqlens_q, config.cu_seqlens_kv
+    else:
+        q8, k8, v8 = (_bshd(t, config.layout) for t in (q8, k8, v8))
+        batch, max_q, max_k = q8.shape[0], q8.shape[1], k8.shape[1]
+        cu_q = cu_k = None
+    hq, hk = q.shape[-2], k.shape[-2]
+    descale = [d.reshape(1, 1).expand(batch, h).contiguous()
+               for d, h in ((dq, hq), (dk, hk), (dv, hk))]
+    out, lse, *_ = kernels()._flash_attn_forward(
+        q8, k8, v8, 0.0, config.softmax_scale, config.causal, -1, -1, None,
+        _alibi(config, batch), True, False, max_q, max_k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        descale_q=descale[0], descale_k=descale[1], descale_v=descale[2])
+    out = out.to(q.dtype)  # AITER's FP8 path writes fp32: the contract's dtype, one rounding
+    if config.layout == "thd":
+        return out, lse.t().contiguous()
+    return _bshd(out, config.layout).contiguous(), lse
+
+
 @BACKEND.implements(Op.ATTENTION_FWD, dtypes=_FLOATS, devices=DEVICES,
                     check=_check_for(False), numerics=_numerics(False))
 def attention_fwd(q, k, v, config: AttentionConfig):
+    if config.recipe is not None:
+        return _fp8_forward(q, k, v, config)
     causal = config.causal
     if config.layout == "thd":
         why = _thd_reason(config)

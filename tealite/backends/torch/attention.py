@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import torch
 
+import dataclasses
+
 from tealite.attention_types import AttentionConfig, diagonal_offset
 from tealite.backends.torch import BACKEND
+from tealite.backends.torch.quantize import _fp8_rowwise
 from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -110,8 +113,19 @@ def _lse_index(config, i, rows):
     return (slice(None), rows[0]) if config.layout == "thd" else (i, slice(None), rows[1])
 
 
+def fp8_dequantized(t: torch.Tensor, recipe) -> torch.Tensor:
+    """fp32 codes * scale_inv of ``t`` quantized as a whole with ``recipe`` (per-tensor FP8,
+    the quantize op's own rule): FP8 attention's inputs as the recipe defines them."""
+    codes, scale_inv = _fp8_rowwise(t.reshape(-1, t.shape[-1]) if t.ndim else t, recipe, None)
+    return (codes.float() * scale_inv).reshape(t.shape)
+
+
 @BACKEND.implements(Op.ATTENTION_FWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def attention_fwd(q, k, v, config: AttentionConfig):
+    if config.recipe is not None:  # FP8: the fp32 path on the dequantized inputs, out in q's
+        plain = dataclasses.replace(config, recipe=None)             # dtype, rounded once
+        out, lse = attention_fwd(*(fp8_dequantized(t, config.recipe) for t in (q, k, v)), plain)
+        return out.to(q.dtype), lse
     hq, hk = q.shape[-2], k.shape[-2]
     group = hq // hk
     out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
