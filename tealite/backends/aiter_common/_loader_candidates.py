@@ -95,15 +95,14 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("quant.fused_mxfp4_quant",              "fused_rms_mxfp4_quant",                   V10),
     C("activation",                           "act_mul_and_mxfp4_quant"),
     C("activation",                           "act_mul_and_fp8_group_quant"),
-    # Flash attention (mha.py; v0.1.10 moved it to attention/): the public wrappers, the
-    # forward helper behind them (it returns the LSE whatever return_lse says) and the two
-    # backward kernels their autograd Functions choose between (one kernel by default).
+    # Flash attention (mha.py; v0.1.10 moved it to attention/): the public wrappers and the
+    # two backward kernels their autograd Functions choose between (one kernel by default).
+    # The forward helper behind the wrappers (_flash_attn_forward, the FP8 path) is reached
+    # through flash_attn_func's module (backends/aiter_triton/attention.py).
     C("mha",                                  "flash_attn_func",                         None, V10),
     C("attention.mha",                        "flash_attn_func",                         V10),
     C("mha",                                  "flash_attn_varlen_func",                  None, V10),
     C("attention.mha",                        "flash_attn_varlen_func",                  V10),
-    C("mha",                                  "_flash_attn_forward",                     None, V10),
-    C("attention.mha",                        "_flash_attn_forward",                     V10),
     C("mha_onekernel_bwd",                    "flash_attn_onekernel_backward",           None, V10),
     C("attention.mha_onekernel_bwd",          "flash_attn_onekernel_backward",           V10),
     C("mha_fused_bwd",                        "flash_attn_fused_backward",               None, V10),

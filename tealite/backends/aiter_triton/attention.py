@@ -117,7 +117,7 @@ def _recipe_reason(p) -> str | None:
                 "only (fmax / amax, saturating, no pow2 scales or epsilon)")
     if p["head_dim_qk"] != p["head_dim_v"]:
         return "AITER's Triton mha has no FP8 path with d_qk != d_v (it asserts)"
-    return fp8_platform_reason() or why_missing(FWD_FP8)
+    return fp8_platform_reason() or why_missing(FWD)
 
 
 def _ceil_pad(d: int) -> int:
@@ -254,6 +254,15 @@ def _kernels():
     return kernels()
 
 
+def _fp8_entry():
+    """``_flash_attn_forward``, the helper in flash_attn_func's module (its FP8 path takes
+    descales, which the public wrappers do not pass)."""
+    fn = getattr(kernels().module_of(FWD), FWD_FP8, None)
+    if fn is None:
+        raise UnsupportedCase(f"adapter: {FWD}'s module has no {FWD_FP8}")
+    return fn
+
+
 def _quantize_per_tensor(x: torch.Tensor, fp8) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, descale) of the recipe's rule (see the module docstring), in torch."""
     fmax = torch.finfo(fp8).max
@@ -281,7 +290,7 @@ def _fp8_forward(q, k, v, config: AttentionConfig):
     hq, hk = q.shape[-2], k.shape[-2]
     descale = [d.reshape(1, 1).expand(batch, h).contiguous()
                for d, h in ((dq, hq), (dk, hk), (dv, hk))]
-    out, lse, *_ = kernels()._flash_attn_forward(
+    out, lse, *_ = _fp8_entry()(
         q8, k8, v8, 0.0, config.softmax_scale, config.causal, -1, -1, None,
         _alibi(config, batch), True, False, max_q, max_k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         descale_q=descale[0], descale_k=descale[1], descale_v=descale[2])
