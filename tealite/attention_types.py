@@ -39,6 +39,11 @@ A query row that sees no key (fully masked, padding, window past the keys, all-`
 bias) has ``out = 0`` and ``lse = -inf`` (the logsumexp of an empty set), and its dQ row is
 0; keys no query sees get dK = dV = 0.
 
+FP8 (``recipe``, forward only): q, k and v are each quantized with the recipe (a per-tensor
+FP8 current-scaling recipe, TE's rule: scale = fmax / amax, codes = RNE(x * scale)) and the
+attention above is computed on their dequantized values (codes * scale_inv); a backend may
+round more on the way (P quantized too: its declared numerics say so).
+
 Outputs: ``out`` in q's layout with d_v and q's dtype; ``lse`` float32 of shape
 (b, h_q, s_q) for bshd/sbhd and (h_q, t_q) for thd.  Backward takes dout (out's shape and
 dtype), q, k, v, out and lse, and returns dq, dk, dv in their inputs' shapes and dtype:
@@ -48,9 +53,12 @@ dtype), q, k, v, out and lse, and returns dq, dk, dv in their inputs' shapes and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:  # the annotation only: the recipe object is the caller's
+    from tealite.recipes import Recipe
 
 QKV_LAYOUTS = ("bshd", "sbhd", "thd")
 # TE's attn_mask_type names (its "no_mask" is "none" here).
@@ -93,6 +101,7 @@ class AttentionConfig:
     cu_seqlens_kv: torch.Tensor | None = None
     cu_seqlens_q_padded: torch.Tensor | None = None  # int32 (b + 1,): padded thd offsets
     cu_seqlens_kv_padded: torch.Tensor | None = None
+    recipe: "Recipe | None" = None              # FP8 attention: q, k, v quantized with it
 
     @property
     def causal(self) -> bool:

@@ -35,7 +35,7 @@ from tealite.types import Op
 # The three sources of backend modules, imported in this order by load_plugins().
 IN_TREE_BACKENDS = ("tealite.backends.scaled_mm", "tealite.backends.torch",
                     "tealite.backends.triton", "tealite.backends.aiter",
-                    "tealite.backends.aiter_triton")
+                    "tealite.backends.aiter_triton", "tealite.backends.sdpa")
 ENTRY_POINT_GROUP = "tealite.backends"
 PLUGIN_ENV_VAR = "TEALITE_BACKEND_MODULES"
 

@@ -247,7 +247,10 @@ def _run_backend(spec: OpSpec, name: str, inputs: dict, case: dict,
     except Exception as exc:  # a crashing kernel is a finding, not a harness crash
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return Outcome(name, "error", tb)
-    ran = [r for r in records if r.op == spec.name]
+    # The numerics are the dispatched op's: the spec's own, or the one op it drives under
+    # another name (attention_fwd_fp8 drives attention_fwd).
+    op = spec.ops[0] if len(spec.ops) == 1 else spec.name
+    ran = [r for r in records if r.op == op]
     numerics = ran[-1].numerics if ran else Numerics()
     if ran and ran[-1].backend != name:
         return Outcome(name, "error", f"dispatch ran backend {ran[-1].backend}, not {name}")

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+import tealite.recipes as R
 import tealite.registry as registry
 from tealite._checks import (check_choice, check_finite_number, check_same_device, check_shape,
                              check_tensor, require)
@@ -129,9 +130,22 @@ def _check_bias(bias, alibi_slopes, layout, b, hq, sq, sk):
                 f"{tuple(alibi_slopes.shape)}")
 
 
+def _check_recipe(recipe, dtype) -> None:
+    """FP8 attention takes a per-tensor FP8 current-scaling recipe (scale from each tensor's
+    amax), for 16-bit or fp32 q / k / v."""
+    if recipe is None:
+        return
+    require(isinstance(recipe, R.RECIPES) and recipe.family is R.Family.FP8
+            and recipe.scale_granularity is R.Granularity.TENSOR and not recipe.scale_given,
+            f"recipe must be a per-tensor FP8 current-scaling recipe (e.g. "
+            f"Float8CurrentScaling()), got {recipe!r}")
+    require(dtype in (torch.float16, torch.bfloat16, torch.float32),
+            f"FP8 attention quantizes fp16 / bf16 / fp32 q, k, v, got {dtype}")
+
+
 def make_config(q, k, v, *, layout, mask, window, softmax_scale, bias, alibi_slopes,
                 seqlens_q, seqlens_kv, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                cu_seqlens_kv_padded) -> tuple[AttentionConfig, dict]:
+                cu_seqlens_kv_padded, recipe=None) -> tuple[AttentionConfig, dict]:
     """Validate the arguments; return the config and the dispatch params."""
     check_choice("layout", layout, QKV_LAYOUTS)
     check_choice("mask", mask, MASKS)
@@ -162,16 +176,18 @@ def make_config(q, k, v, *, layout, mask, window, softmax_scale, bias, alibi_slo
                                cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                                cu_seqlens_q_padded=cu_seqlens_q_padded,
                                cu_seqlens_kv_padded=cu_seqlens_kv_padded)
+    _check_recipe(recipe, q.dtype)
     config = AttentionConfig(
         layout=layout, mask=mask, softmax_scale=softmax_scale, window=window, bias=bias,
         alibi_slopes=alibi_slopes, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded)
+        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        recipe=recipe)
     params = dict(dtype=q.dtype, layout=layout, mask=mask, window=window, batch=b,
                   seqlen_q=sq, seqlen_kv=sk, heads_q=hq, heads_kv=hk, head_dim_qk=dqk,
                   head_dim_v=dv, bias=bias is not None, alibi=alibi_slopes is not None,
                   thd_padded=cu_seqlens_q_padded is not None or cu_seqlens_kv_padded is not None,
-                  device=registry.device_kind(device))
+                  device=registry.device_kind(device), recipe=recipe)
     return config, params
 
 
@@ -186,14 +202,17 @@ def attention_fwd(q, k, v, *, layout: str = "bshd", mask: str = "none",
                   window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None,
                   bias=None, alibi_slopes=None, seqlens_q=None, seqlens_kv=None,
                   cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
-                  cu_seqlens_kv_padded=None, backend: str | None = None) -> AttentionFwd:
-    """out, lse of softmax(scale * q k^T + bias) v under ``mask`` / ``window``."""
+                  cu_seqlens_kv_padded=None, recipe=None,
+                  backend: str | None = None) -> AttentionFwd:
+    """out, lse of softmax(scale * q k^T + bias) v under ``mask`` / ``window``; with an FP8
+    ``recipe`` (per-tensor current scaling), of q, k, v quantized with it."""
     check_tensor("q", q)
     config, params = make_config(
         q, k, v, layout=layout, mask=mask, window=window, softmax_scale=softmax_scale,
         bias=bias, alibi_slopes=alibi_slopes, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded)
+        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        recipe=recipe)
     if bias is not None:
         check_tensor("bias", bias, dtypes=(q.dtype, torch.float32))
     impl = registry.dispatch(Op.ATTENTION_FWD, params, backend)

@@ -18,6 +18,10 @@ _FORMATS = {
     torch.bfloat16: (7, -126),
     torch.float16: (10, -14),
     "tf32": (10, -126),
+    # FP8 (a kernel that rounds an intermediate to it: FP8 attention's P)
+    torch.float8_e4m3fn: (3, -6),
+    torch.float8_e4m3fnuz: (3, -7),
+    torch.float8_e5m2: (2, -14),
 }
 
 

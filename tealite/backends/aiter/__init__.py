@@ -21,7 +21,7 @@ backend does not count (it has no HIP ops).
 Version awareness: on first use every entry point in :data:`ENTRY_POINTS` is looked up on the
 imported package; one that is absent is listed in ``runtime().missing`` with the reason, and
 every case that needs it is rejected with that reason (:func:`why_missing`), never routed to
-another path.  Each family module (qgemm, quantize, norms, fused, activations) declares the
+another path.  Each family module (qgemm, quantize, norms, fused, activations, attention) declares the
 contract of every entry point it calls (:mod:`tealite.backends.aiter_common.contracts`) and
 reports the entry point in the numerics of each case (``"entry_point"``).  Importing this
 package never imports AITER.
@@ -62,6 +62,10 @@ ENTRY_POINTS: dict[str, str] = {
     "silu_and_mul": "aiter/ops/activation.py",
     "gelu_and_mul": "aiter/ops/activation.py",
     "scaled_silu_and_mul": "aiter/ops/activation.py",
+    "mha_fwd": "aiter/ops/mha.py",
+    "mha_bwd": "aiter/ops/mha.py",
+    "mha_varlen_fwd": "aiter/ops/mha.py",
+    "mha_varlen_bwd": "aiter/ops/mha.py",
 }
 
 # E4M3 format AITER computes in, per arch (aiter/utility/dtypes.py: gfx942 -> FNUZ, gfx950 ->
@@ -235,6 +239,6 @@ BACKEND_BPRESHUFFLE = register_backend(Backend(
 # Every family module registers its implementations on BACKEND when imported.  They are
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
-FAMILIES = ("activations", "fused", "norms", "qgemm", "quantize")
+FAMILIES = ("activations", "attention", "fused", "norms", "qgemm", "quantize")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")

@@ -100,6 +100,20 @@ CANDIDATES: tuple[Candidate, ...] = (
     *(C(module, f"{name}_{d}") for name in ("rope", "rope_thd", "rope_cached_positions",
                                             "rope_cached_thd_positions_2c")
       for d in ("fwd", "bwd") for module in ("rope", "rope.rope")),
+    # Flash attention (mha.py; v0.1.10 moved it to attention/): the public wrappers and the
+    # two backward kernels their autograd Functions choose between (one kernel by default).
+    # The forward helper behind the wrappers (_flash_attn_forward, the FP8 path) is reached
+    # through flash_attn_func's module (backends/aiter_triton/attention.py).
+    C("mha",                                  "flash_attn_func",                         None, V10),
+    C("attention.mha",                        "flash_attn_func",                         V10),
+    C("mha",                                  "flash_attn_varlen_func",                  None, V10),
+    C("attention.mha",                        "flash_attn_varlen_func",                  V10),
+    C("mha_onekernel_bwd",                    "flash_attn_onekernel_backward",           None, V10),
+    C("attention.mha_onekernel_bwd",          "flash_attn_onekernel_backward",           V10),
+    C("mha_fused_bwd",                        "flash_attn_fused_backward",               None, V10),
+    C("attention.mha_fused_bwd",              "flash_attn_fused_backward",               V10),
+    C("mha_v3",                               "flash_attn_fp8_func",                     None, V10),
+    C("attention.mha_v3",                     "flash_attn_fp8_func",                     V10),
 )
 del C
 

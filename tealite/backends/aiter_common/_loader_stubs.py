@@ -21,6 +21,13 @@ the loader's synthetic ``aiter`` parent; on ROCm the real package provides them)
   ``triton.runtime.driver.active.get_current_target().arch`` at import and falls back to jax
   when there is no driver.  While the loader imports AITER the active driver is a stand-in whose
   target is ``hip`` / the pinned arch; afterwards the previous driver is restored.
+* ``triton.autotune`` while AITER imports: Triton 3.9 raises ValueError for an autotune
+  ``key`` naming no kernel argument, where earlier Triton dropped such a name from the tuning
+  key at run time.  AITER 0.1.7's ``flash_attn_triton_amd/bwd.py`` keys three kernels on
+  ``ACTUAL_HEAD_DIM`` (not one of their arguments), and ``mha.py`` imports that package: under
+  3.9 no flash-attention entry point would import.  While the loader imports AITER,
+  ``triton.autotune`` drops such names up front (what earlier Triton did later), and records
+  each kernel and name dropped.
 """
 from __future__ import annotations
 
@@ -146,3 +153,36 @@ class TorchAllocatingOnCpu:
         if str(kwargs.get("device", "")) == "cuda":
             kwargs["device"] = "cpu"
         return self._torch.empty(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def lenient_autotune_keys(dropped: list[str]):
+    """``triton.autotune`` drops ``key`` names that are not arguments of the kernel for the
+    duration (see the module docstring); appends "kernel: names" to ``dropped``."""
+    try:
+        import triton
+    except ImportError:
+        yield
+        return
+    original = triton.autotune
+
+    def autotune(*args, **kwargs):
+        def decorator(fn):
+            key = kwargs.get("key", args[1] if len(args) > 1 else ())
+            names = getattr(fn, "arg_names", None)
+            unknown = [k for k in key if names is not None and k not in names]
+            if not unknown:
+                return original(*args, **kwargs)(fn)
+            dropped.append(f"{getattr(fn, '__name__', fn)}: {', '.join(unknown)}")
+            kept = [k for k in key if k not in unknown]
+            if len(args) > 1:
+                return original(args[0], kept, *args[2:], **kwargs)(fn)
+            return original(*args, **{**kwargs, "key": kept})(fn)
+
+        return decorator
+
+    triton.autotune = autotune
+    try:
+        yield
+    finally:
+        triton.autotune = original

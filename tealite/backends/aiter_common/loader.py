@@ -50,6 +50,9 @@ Why each step (measured facts in NUMERICS.md; AITER versions named where behavio
    (:mod:`tealite.backends.aiter_common._loader_launch`).
 6. With no GPU, ``_rmsnorm_backward`` allocates its dgamma workspace with ``device="cuda"``
    written out: in that module only, ``torch.empty(..., device="cuda")`` allocates on the CPU.
+7. Autotune keys that name no kernel argument are dropped while AITER imports
+   (:func:`~tealite.backends.aiter_common._loader_stubs.lenient_autotune_keys`): Triton 3.9
+   rejects them, earlier Triton ignored them; AITER 0.1.7's flash-attention modules have some.
 
 On ROCm with the real package importable, none of the stand-ins is used: AITER's own init
 binds dtypes and its arch is the device's.
@@ -450,9 +453,15 @@ def load(path: str | os.PathLike | None = None, *, arch: str | None = None) -> A
         except Exception as exc:  # modules that read aiter.dtypes then land in `missing`
             result.load_errors.append(f"installing stand-ins (aiter.dtypes, chip_info, "
                                       f"torch_guard): {_error(exc)}")
-    with stubs.pinned_driver(seen) if pinned else contextlib.nullcontext():
+    dropped_keys: list[str] = []
+    with stubs.pinned_driver(seen) if pinned else contextlib.nullcontext(), \
+            stubs.lenient_autotune_keys(dropped_keys):
         ops_error = _import_ops(result, pinned)
         _load_entry_points(result, root, ops_error)
+    if dropped_keys:
+        result.notes.append("autotune keys naming no kernel argument dropped at import (Triton "
+                            "3.9 rejects them; earlier Triton ignored them): "
+                            + "; ".join(dropped_keys))
     if pinned:
         result.notes.append(f"Triton's driver answered {seen} while AITER imported")
     _post_load(result, shell, rocm)

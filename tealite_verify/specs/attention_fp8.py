@@ -1,0 +1,90 @@
+"""FP8 attention as a recipe: ``attention_fwd(..., recipe=Float8CurrentScaling())``.
+
+The recipe's quantization points are declared by the contract (tealite/attention_types.py):
+q, k and v are each quantized as a whole with the per-tensor recipe, and attention is taken
+of their dequantized values.  A backend may round more on the way (AITER's kernel re-quantizes
+P per key block): its declared numerics say so (``attention_p_rounded_to``).
+
+Which tier, and why: the reference is computed on the *quantized-dequantized* inputs -- the
+bit-exact reference quantizer (recipe_rules.quantize / dequantize, checked against every code
+of every format) applied to q, k, v, then the float64 attention reference
+(references/attention.py) -- and the output is judged by the attention tier
+(tiers/attention.py) with the backend's declared numerics, its bounds computed from the
+dequantized inputs.  Propagating the input quantization error through attention instead
+(|Delta q| <= u_fp8 |q| per element, into the scores and through the softmax) would bound
+*any* quantization within half a code, so a wrong scale that stays within the format's range
+(a descale off by a power of two, a per-head scale used per tensor) would pass, and the bound
+would be orders of magnitude above the attention's own rounding.  Since the quantizer is
+deterministic and its reference bit-exact, the only error left is the attention's: the same
+tier as unquantized attention, and a wrong scale or descale changes the dequantized inputs
+themselves, which no bound absorbs (tests/test_aiter_attention.py seeds both).
+
+Cases are the attention strategy's (strategies/attention.py), forward only, with the recipe
+added; the spec drives ``attention_fwd`` (the registry op), so every backend that implements
+it takes part and the ones without FP8 attention refuse the recipe in ``check``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import tealite
+from tealite import recipes as R
+from tealite.types import Op
+from tealite_verify import recipe_rules
+from tealite_verify.specs import OpSpec, register
+from tealite_verify.specs import attention as att
+from tealite_verify.strategies.attention import cases as attention_cases
+
+NAME = "attention_fwd_fp8"
+RECIPE = R.Float8CurrentScaling()
+_FLOATS = ("float32", "bfloat16", "float16")
+
+
+def recipe_of(case) -> R.Float8CurrentScaling:
+    return R.Float8CurrentScaling.from_json(case["recipe"])
+
+
+def make_case(layout="bshd", mask="none", dtype="bfloat16", **kw) -> dict:
+    """An FP8 attention case (attention's make_case plus the recipe)."""
+    return dict(att.make_case(layout, mask, dtype, **kw), recipe=RECIPE.to_json())
+
+
+def cases(dtype=None, size="ci"):
+    return attention_cases(dtype, size, bwd=False).filter(
+        lambda c: c["dtype"] in _FLOATS).map(lambda c: dict(c, recipe=RECIPE.to_json()))
+
+
+def call(inputs, case, backend):
+    kw = att._keywords(inputs, case, backend)
+    return tealite.attention_fwd(inputs["q"], inputs["k"], inputs["v"], recipe=recipe_of(case),
+                                 **kw)._asdict()
+
+
+def dequantized(x: np.ndarray, recipe) -> np.ndarray:
+    """float64 values of ``x`` quantized as a whole with ``recipe`` (the reference
+    quantizer, bit-exact), in x's shape."""
+    x32 = np.asarray(x, np.float32).reshape(-1, x.shape[-1]) if x.size else \
+        np.zeros((0, max(x.shape[-1], 1)), np.float32)
+    q = recipe_rules.quantize(x32, recipe)
+    return recipe_rules.dequantize(q.bits, q.scale_inv, recipe).reshape(x.shape)
+
+
+def reference(x, case):
+    recipe = recipe_of(case)
+    xq = dict(x, **{n: dequantized(np.asarray(x[n]), recipe) for n in ("q", "k", "v")})
+    return att.fwd_reference(xq, case)
+
+
+_SMOKE = (
+    make_case(),
+    make_case("sbhd", "causal_bottom_right", "float16", sq=7, sk=19, heads_kv=1, d_v=16),
+    make_case("thd", "padding_causal_bottom_right", "float32", lens_q=[5, 0, 1],
+              lens_kv=[7, 3, 1], batch=3, d_qk=16, d_v=16),
+)
+
+register(OpSpec(
+    name=NAME, family="attention", make_inputs=att._forward_inputs, call=call,
+    reference=reference, cases=cases, smoke_cases=_SMOKE, drives=(Op.ATTENTION_FWD,)))
+
+__all__ = ["NAME", "RECIPE", "cases", "dequantized", "make_case", "recipe_of"]
+
