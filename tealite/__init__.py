@@ -11,6 +11,7 @@ from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
+from tealite.ops.softmax import softmax_bwd, softmax_fwd
 from tealite.registry import Backend, backends, get_backend, register_backend
 
 __version__ = "0.1.0"
@@ -23,4 +24,5 @@ __all__ = [
     "unshuffle_e8m0_scales", "TealiteArgumentError", "BackendUnavailable", "UnsupportedCase",
     "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
+    "softmax_fwd", "softmax_bwd",
 ]

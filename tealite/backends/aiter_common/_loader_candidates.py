@@ -95,6 +95,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("quant.fused_mxfp4_quant",              "fused_rms_mxfp4_quant",                   V10),
     C("activation",                           "act_mul_and_mxfp4_quant"),
     C("activation",                           "act_mul_and_fp8_group_quant"),
+    C("softmax",                              "softmax"),
 )
 del C
 
