@@ -14,12 +14,14 @@ Forward, per row, s_j = scale * x_j (or the fill), m = max_j s_j, d_j = s_j - m 
 2. The max is a selection, so m^ is one of the s^_j: |m^ - m| <= 2u |m|.
 3. The subtraction d^_j = fl(s^_j - m^) is *not* exact in general: Sterbenz's lemma makes it
    exact only for s^_j in [m^/2, 2m^] (same sign, within a factor 2); a logit far below the max
-   (or of the other sign) rounds, |err| <= u |d_j|.  Together
-   delta_j = 2u (|s_j| + |m|) + u |d_j| bounds |d^_j - d_j| (absolute: large logits make
-   it large; it is what a kernel without max subtraction cannot achieve at all, since its
-   exp overflows once s_j > 88.7 in fp32, 11.1 in fp16).
+   (or of the other sign) rounds, |err| <= u |d_j|.  An exp evaluated as 2^(d log2 e)
+   (Triton's ``tl.exp`` on CUDA, fast-math expf) rounds its argument once more: another
+   u |d_j|, allowed for every backend (an exact exp does not need it).  Together
+   delta_j = 2u (|s_j| + |m|) + 2u |d_j| bounds the error of exp's argument (absolute:
+   large logits make it large; it is what a kernel without max subtraction cannot achieve
+   at all, since its exp overflows once s_j > 88.7 in fp32, 11.1 in fp16).
 4. ``e^_j = exp(d^_j)(1 + k 2u)``: relative error eta_j = (exp(delta_j) - 1) + 2 k u
-   (exp(d + t) = exp(d) exp(t)).
+   (exp(d + t) = exp(d) exp(t)); k counts only the exp core's ulps.
 5. The row sum S = sum_j e_j of non-negative terms in any order (tree, sequential, blocked):
    |S^ - S| <= sum_j e_j eta_j + gamma_n S, so rho_S = sum_j y_j eta_j + gamma_n relative.
    S >= 1 (the max term is exp(0) = 1 exactly), so no cancellation and no underflow of S.
@@ -76,7 +78,7 @@ def forward_bound(y, s, zeroed, out_dtype, numerics: Numerics) -> np.ndarray:
         s_fin = np.where(np.isfinite(s), s, 0.0)  # -inf fills: exact, and y = 0 there
         m = s_fin.max(axis=-1, keepdims=True)
         d = np.where(np.isfinite(s), s_fin - m, 0.0)
-        delta = 2 * u * (np.abs(s_fin) + np.abs(m)) + u * np.abs(d)
+        delta = 2 * u * (np.abs(s_fin) + np.abs(m) + np.abs(d))
         eta = np.expm1(delta) + e_exp
     rho_s = (y * eta).sum(axis=-1, keepdims=True) + gamma(n, u)
     e_c = SAFETY * (eta + rho_s + u) * y + (n + 2) * underflow_error(compute_dtype(numerics))
