@@ -73,10 +73,11 @@ def _check_mask(mask, x, kind: str) -> None:
             f"{tuple(mask.shape)}")
 
 
-def _params(x, kind: str, mask, **tensors) -> dict:
+def _params(x, kind: str, scale: float, mask, **tensors) -> dict:
     device = check_same_device(x=x, mask=mask, **tensors)
     sq, sk = x.shape[-2], x.shape[-1]
-    return dict(dtype=x.dtype, kind=kind, rows=x.numel() // sk if sk else 0, sq=sq, sk=sk,
+    return dict(dtype=x.dtype, kind=kind, scale=scale, rows=x.numel() // sk if sk else 0,
+                sq=sq, sk=sk,
                 mask_batch=None if mask is None else int(mask.shape[0]),
                 device=registry.device_kind(device))
 
@@ -86,7 +87,7 @@ def softmax_fwd(x, kind: str, *, scale: float, mask=None, backend: str | None = 
     _check_x("x", x, kind)
     _check_mask(mask, x, kind)
     scale = check_finite_number("scale", scale)
-    params = _params(x, kind, mask)
+    params = _params(x, kind, scale, mask)
     impl = registry.dispatch(Op.SOFTMAX_FWD, params, backend)
     return impl.fn(x, kind, scale=scale, mask=mask)
 
@@ -97,7 +98,7 @@ def softmax_bwd(dy, y, kind: str, *, scale: float, backend: str | None = None):
     check_tensor("dy", dy, dtypes=(y.dtype,))
     check_shape("dy", dy, y.shape, "same as y")
     scale = check_finite_number("scale", scale)
-    params = _params(y, kind, None, dy=dy)
+    params = _params(y, kind, scale, None, dy=dy)
     impl = registry.dispatch(Op.SOFTMAX_BWD, params, backend)
     return impl.fn(dy, y, kind, scale=scale)
 

@@ -25,7 +25,8 @@ Forward, per row, s_j = scale * x_j (or the fill), m = max_j s_j, d_j = s_j - m 
 5. The row sum S = sum_j e_j of non-negative terms in any order (tree, sequential, blocked):
    |S^ - S| <= sum_j e_j eta_j + gamma_n S, so rho_S = sum_j y_j eta_j + gamma_n relative.
    S >= 1 (the max term is exp(0) = 1 exactly), so no cancellation and no underflow of S.
-6. The division y_j = e_j / S adds u: rel_j = eta_j + rho_S + u (first order), and
+6. The division y_j = e_j / S adds u (2 n u for a declared ``fp32_div_ulps`` n, e.g.
+   CUDA's approximate ``div.full``): rel_j = eta_j + rho_S + u (first order), and
    ``SAFETY`` (2) covers the second-order terms.
 7. An e_j that underflows (d_j < -87.3 in fp32) is off by at most the smallest normal
    (flushed or subnormal), which S >= 1 does not amplify: (n + 2) * tiny absolute.
@@ -46,7 +47,7 @@ scale (rounded to fp32) and the multiply add 2u |dx_j|:
 
 times ``SAFETY``, plus an underflow term for the n + 3 products, then the output rounding.
 
-Declared numerics read: ``compute_dtype``, ``exp_ulps``.  The comparison and the pair rule
+Declared numerics read: ``compute_dtype``, ``exp_ulps``, ``fp32_div_ulps`` (forward).  The comparison and the pair rule
 (``softmax-pair``: the sum of the two bounds) are tiers/bounded.py's.
 """
 from __future__ import annotations
@@ -81,7 +82,8 @@ def forward_bound(y, s, zeroed, out_dtype, numerics: Numerics) -> np.ndarray:
         delta = 2 * u * (np.abs(s_fin) + np.abs(m) + np.abs(d))
         eta = np.expm1(delta) + e_exp
     rho_s = (y * eta).sum(axis=-1, keepdims=True) + gamma(n, u)
-    e_c = SAFETY * (eta + rho_s + u) * y + (n + 2) * underflow_error(compute_dtype(numerics))
+    div = 2 * numerics.fp32_div_ulps * u if numerics.fp32_div_ulps else u
+    e_c = SAFETY * (eta + rho_s + div) * y + (n + 2) * underflow_error(compute_dtype(numerics))
     tol = ulp.with_output_rounding(y, e_c, out_dtype)
     return np.where(zeroed, 0.0, tol)
 
