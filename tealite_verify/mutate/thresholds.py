@@ -132,6 +132,8 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "shuffle_e8m0": (lambda r, k: move_tensor(r, k), "shuffled"),
     "layernorm_fwd_quantize": _codes_at(0), "rmsnorm_fwd_quantize": _codes_at(0),
     "act_fwd_quantize": _codes_at(None),
+    "softmax_fwd": (lambda r, k: move_tensor(r, k), "y"),
+    "softmax_bwd": (lambda r, k: move_tensor(r, k), "dx"),
 }
 
 
