@@ -20,6 +20,7 @@ TARGETS = {
     "norm": ("copy", 80.0),
     "gemm": ("torch.matmul", 90.0),
     "qgemm_fp8": ("torch._scaled_mm", 80.0),
+    "softmax": ("copy", 80.0),   # issue 15
 }
 
 
@@ -36,6 +37,10 @@ LARGE = Sizes(rows=16384, hidden=8192, gemm=(8192, 8192, 8192), copy_elems=2 * 1
 # columnwise needs M % 32 == 0, block scaling K >= 128 for a full block).
 TINY = Sizes(rows=32, hidden=128, gemm=(32, 32, 128), copy_elems=32 * 128)
 SIZES = {"large": LARGE, "tiny": TINY}
+# Softmax scores (b, h, sq, sk), bf16, square (the upper-triangular kind needs sq == sk):
+# TE's attention-probability shape at 2k tokens; tiny: a prime sk (a masked row tail) the
+# interpreter runs in seconds.
+SOFTMAX_SHAPES = {"large": (4, 16, 2048, 2048), "tiny": (1, 1, 29, 29)}
 
 
 @dataclass(frozen=True)
@@ -119,3 +124,14 @@ def norm_bytes(kind: str, rows: int, hidden: int, itemsize: int) -> int:
 
 def gemm_flops(m: int, n: int, k: int) -> int:
     return 2 * m * n * k
+
+
+def softmax_bytes(kind: str, shape, itemsize: int, *, bwd: bool = False,
+                  mask_batch: int = 1) -> int:
+    """Forward: x read, y written (and the bool mask (mask_batch, 1, sq, sk) read for
+    scaled_masked); backward: dy and y read, dx written."""
+    n = math.prod(shape)
+    if bwd:
+        return 3 * n * itemsize
+    mask = mask_batch * shape[-2] * shape[-1] if kind == "scaled_masked" else 0
+    return 2 * n * itemsize + mask
