@@ -161,7 +161,7 @@ def test_wrong_fill_is_caught(make_backend):
 def test_off_by_one_causal_diagonal_is_caught(make_backend):
     for diag in (1, -1):
         name = _fwd_backend(make_backend, f"softmax_diag{diag}", diag=diag)
-        assert_caught("softmax_fwd", [_case("scaled_upper_triang", [3, 11, 11], "bfloat16"),
+        assert_caught("softmax_fwd", [_case("scaled_upper_triang", [3, 1, 11, 11], "bfloat16"),
                                       _case("scaled_aligned_causal", [1, 2, 6, 13], "float32")],
                       name)
 
@@ -172,7 +172,7 @@ def test_other_summation_order_passes(make_backend):
         assert_passes("softmax_fwd", [
             _case("scaled", [2, 2, 5, 97], "float32", dist=_LARGE, scale=1.0),
             _case("scaled_masked", [2, 3, 7, 67], "float16"),
-            _case("scaled_upper_triang", [2, 33, 33], "bfloat16"),
+            _case("scaled_upper_triang", [2, 1, 33, 33], "bfloat16"),
             _case("scaled_aligned_causal", [1, 2, 9, 61], "float32",
                   dist={"kind": "wide", "log2_lo": -12, "log2_hi": 10})], name)
 
@@ -210,7 +210,7 @@ def test_backward_other_summation_order_passes(make_backend):
     name = _bwd_backend(make_backend, "softmax_bwd_rev", order=lambda n: reversed(range(n)))
     assert_passes("softmax_bwd", [_case("scaled", [2, 2, 5, 97], "float32"),
                                   _case("scaled_masked", [1, 3, 7, 67], "float16"),
-                                  _case("scaled_upper_triang", [2, 29, 29], "bfloat16")], name)
+                                  _case("scaled_upper_triang", [2, 1, 29, 29], "bfloat16")], name)
 
 
 # ---- bad input ---------------------------------------------------------------------------

@@ -43,7 +43,7 @@ HARD = [
     _case("scaled", [1, 2, 3, 67], "bfloat16", scale=1.0, dist=LARGE),
     _case("scaled_masked", [2, 2, 5, 29], "float16"),
     _case("scaled_masked", [2, 1, 3, 13], "float32", mask_batch="1", mask_frac=1.0),
-    _case("scaled_upper_triang", [3, 31, 31], "bfloat16"),
+    _case("scaled_upper_triang", [3, 1, 31, 31], "bfloat16"),
     _case("scaled_aligned_causal", [1, 2, 9, 4], "float32"),     # sq > sk: hidden rows
     _case("scaled_aligned_causal", [2, 1, 5, 37], "float16", dist=LARGE, scale=1.0),
 ]
@@ -66,7 +66,7 @@ def test_triton_passes_hard_cases(op):
 @interpreter_only
 @pytest.mark.parametrize("patch, cases", [
     # the causal kept-key test one key too generous
-    ("_kept", [_case("scaled_upper_triang", [2, 9, 9], "float32"),
+    ("_kept", [_case("scaled_upper_triang", [2, 1, 9, 9], "float32"),
                _case("scaled_aligned_causal", [1, 2, 5, 11], "bfloat16")]),
 ])
 def test_triton_seeded_diagonal_bug_is_caught(monkeypatch, patch, cases):
@@ -100,7 +100,7 @@ def test_aiter_softmax_contract_and_exact_mapping():
 @pytest.mark.parametrize("case, reason", [
     (_case("scaled", [1, 1, 2, 8], "float32", scale=0.5), "only scale == 1.0"),
     (_case("scaled_masked", [1, 1, 2, 8], "float32", scale=1.0), "plain row softmax"),
-    (_case("scaled_upper_triang", [1, 8, 8], "float32", scale=1.0), "plain row softmax"),
+    (_case("scaled_upper_triang", [1, 1, 8, 8], "float32", scale=1.0), "plain row softmax"),
 ])
 def test_aiter_softmax_refuses_what_it_does_not_compute(case, reason):
     rep = _run("softmax_fwd", case, ["aiter_triton"])

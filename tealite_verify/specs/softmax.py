@@ -1,7 +1,8 @@
 """Specs for TE's fused softmax kinds, forward and backward (tealite/ops/softmax.py).
 
-Cases: every kind (``scaled``, ``scaled_masked`` with a (b or 1, 1, sq, sk) mask,
-``scaled_upper_triang`` with sq == sk, ``scaled_aligned_causal`` with sq != sk drawn on
+Cases: ``shape`` is (b, h, sq, sk) for every kind (:func:`x_shape`); every kind
+(``scaled``, ``scaled_masked`` with a (b or 1, 1, sq, sk) mask, ``scaled_upper_triang`` on
+(b * h, sk, sk), ``scaled_aligned_causal`` with sq != sk drawn on
 purpose, sq > sk giving fully hidden rows), prime and misaligned sq / sk, masks from none to
 all-masked plus fully masked rows, and logits of three sizes: ordinary, ``large`` (|scale x|
 in the hundreds to thousands: a softmax without the max subtraction overflows exp in every
@@ -33,8 +34,9 @@ from tealite_verify.tiers import softmax as tier
 from tealite_verify.tiers.metrics import Tier
 
 # (max batch, max heads, max sq, max sk) per size: the ci size keeps interpreted Triton
-# cases tiny (one program per row).
-_LIMITS = {"ci": (2, 3, 24, 48), "local": (4, 8, 128, 1024), "large": (8, 16, 1024, 8192)}
+# cases tiny (one program per row: at most 2 * 2 * 16 rows, or 4 * 16 for the square
+# upper-triangular kind, whose sk is drawn like sq).
+_LIMITS = {"ci": (2, 2, 16, 48), "local": (4, 8, 128, 1024), "large": (8, 16, 1024, 8192)}
 # Softmax scales: TE's usual 1/sqrt(head dim) (first: not a power of two, so scale * x
 # rounds; Hypothesis favours early choices), 1, 1/sqrt(64), 2.
 _SCALES = (1.0 / math.sqrt(96.0), 1.0, 0.125, 2.0)
@@ -49,12 +51,9 @@ def cases(draw, dtype: str | None = None, size: str = "ci", *, bwd: bool,
     max_b, max_h, max_sq, max_sk = _LIMITS[size]
     dtype = dtype or draw(float_dtypes())
     kind = draw(pick(*kinds))
-    sk = draw(dim(max_sk, allow_zero=True))
-    if kind == "scaled_upper_triang":
-        shape = [draw(dim(max_b * max_h)), sk, sk]
-    else:
-        sq = draw(dim(max_sq))
-        shape = [draw(dim(max_b)), draw(dim(max_h)), sq, sk]
+    # The square upper-triangular kind draws its sk like sq (its rows are b * h * sk).
+    sk = draw(dim(max_sq if kind == "scaled_upper_triang" else max_sk, allow_zero=True))
+    shape = [draw(dim(max_b)), draw(dim(max_h)), draw(dim(max_sq)), sk]
     case = {"kind": kind, "shape": shape, "dtype": dtype, "scale": draw(pick(*_SCALES)),
             "dist": draw(st.one_of(distributions(dtype, max_log2=12), pick(*_LARGE))),
             "seed": draw(seeds())}
@@ -65,6 +64,14 @@ def cases(draw, dtype: str | None = None, size: str = "ci", *, bwd: bool,
     if bwd:
         case["dist_dy"] = draw(distributions(dtype, wide=False))
     return case
+
+
+def x_shape(case) -> list[int]:
+    """The case's (b, h, sq, sk) as the kind takes x: the upper-triangular kind takes
+    (b * h, sk, sk) (square; its sq is sk's), every other kind (b, h, sq, sk).  One shape
+    description for every kind, so a coverage cell can move a case to any kind."""
+    b, h, sq, sk = case["shape"]
+    return [b * h, sk, sk] if case["kind"] == "scaled_upper_triang" else [b, h, sq, sk]
 
 
 def _mask(case, device):
@@ -79,7 +86,7 @@ def _mask(case, device):
 
 
 def make_fwd_inputs(case, device):
-    x = generate(case["dist"], case["shape"], dtype_of(case["dtype"]), case["seed"], device)
+    x = generate(case["dist"], x_shape(case), dtype_of(case["dtype"]), case["seed"], device)
     inputs = {"x": x}
     mask = _mask(case, device)
     if mask is not None:
@@ -95,7 +102,7 @@ def make_bwd_inputs(case, device):
     dt = dtype_of(case["dtype"])
     # dy first: the coverage's edge classes read the first of the largest inputs, and dy's
     # values are drawn (y's are a softmax, never subnormal-only or zero rows by themselves).
-    return {"dy": generate(case["dist_dy"], case["shape"], dt, case["seed"] + 3, device),
+    return {"dy": generate(case["dist_dy"], x_shape(case), dt, case["seed"] + 3, device),
             "y": torch.from_numpy(y).to(dt).to(device)}
 
 
@@ -143,7 +150,7 @@ def _smoke(kind, shape, dtype, **kw):
 _SMOKE = (
     _smoke("scaled", [2, 2, 5, 37], "bfloat16", scale=1.0, dist=_LARGE[1]),
     _smoke("scaled_masked", [2, 3, 7, 29], "float16"),
-    _smoke("scaled_upper_triang", [3, 17, 17], "float32"),
+    _smoke("scaled_upper_triang", [3, 1, 17, 17], "float32"),
     _smoke("scaled_aligned_causal", [1, 2, 11, 5], "bfloat16"),  # sq > sk: hidden rows
     _smoke("scaled_aligned_causal", [2, 1, 5, 13], "float16", dist=_LARGE[0]),
     _smoke("scaled", [1, 1, 3, 0], "float32"),
