@@ -21,6 +21,7 @@ TARGETS = {
     "gemm": ("torch.matmul", 90.0),
     "qgemm_fp8": ("torch._scaled_mm", 80.0),
     "rope": ("copy", 80.0),  # issue 15
+    "softmax": ("copy", 80.0),   # issue 15
 }
 
 # RoPE input (s, b, h, d), sbhd, full rotary: a training shape (8 sequences of 4096 tokens,
@@ -41,6 +42,10 @@ LARGE = Sizes(rows=16384, hidden=8192, gemm=(8192, 8192, 8192), copy_elems=2 * 1
 # columnwise needs M % 32 == 0, block scaling K >= 128 for a full block).
 TINY = Sizes(rows=32, hidden=128, gemm=(32, 32, 128), copy_elems=32 * 128)
 SIZES = {"large": LARGE, "tiny": TINY}
+# Softmax scores (b, h, sq, sk), bf16, square (the upper-triangular kind needs sq == sk):
+# TE's attention-probability shape at 2k tokens; tiny: a prime sk (a masked row tail) the
+# interpreter runs in seconds.
+SOFTMAX_SHAPES = {"large": (4, 16, 2048, 2048), "tiny": (1, 1, 29, 29)}
 
 
 @dataclass(frozen=True)
@@ -130,3 +135,14 @@ def rope_bytes(shape, d2: int, itemsize: int) -> int:
     """t read and y written once, in t's dtype, plus the float32 freqs rows (s, d2) read once
     (forward and backward alike)."""
     return 2 * itemsize * math.prod(shape) + 4 * shape[0] * d2
+
+
+def softmax_bytes(kind: str, shape, itemsize: int, *, bwd: bool = False,
+                  mask_batch: int = 1) -> int:
+    """Forward: x read, y written (and the bool mask (mask_batch, 1, sq, sk) read for
+    scaled_masked); backward: dy and y read, dx written."""
+    n = math.prod(shape)
+    if bwd:
+        return 3 * n * itemsize
+    mask = mask_batch * shape[-2] * shape[-1] if kind == "scaled_masked" else 0
+    return 2 * n * itemsize + mask

@@ -12,6 +12,7 @@ from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.rope import rope_bwd, rope_fwd
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
+from tealite.ops.softmax import softmax_bwd, softmax_fwd
 from tealite.registry import Backend, backends, get_backend, register_backend
 
 __version__ = "0.1.0"
@@ -25,4 +26,5 @@ __all__ = [
     "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
     "rope_fwd", "rope_bwd",
+    "softmax_fwd", "softmax_bwd",
 ]

@@ -7,6 +7,7 @@ Nothing here imports a front-end, the registry or a backend, so every layer may 
   register with them, the harness's specs are named by them);
 * :class:`QuantizedTensor`: what ``quantize`` returns and ``dequantize`` / ``qgemm`` take;
 * the activation kinds (:data:`POINTWISE`, :data:`GATED`, :data:`ACTIVATION_KINDS`);
+* the softmax kinds (:data:`SOFTMAX_KINDS`, :data:`SOFTMAX_MASK_FILL`, :func:`softmax_visible`);
 * the GEMM layouts (:data:`LAYOUTS`, :func:`gemm_dims`);
 * RoPE's tensor formats (:class:`TensorFormat`) and token positions (:func:`rope_positions`);
 * AITER's pre-shuffled layouts as pure tensor permutations (:func:`weight_tile`,
@@ -121,6 +122,13 @@ def rope_positions(local_lens, *, cp_size: int = 1, cp_rank: int = 0, starts=Non
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=device)
 
 
+# TE's fused softmax kinds (tealite/ops/softmax.py): plain, with a boolean mask, causal on a
+# square (sq == sk) score matrix, and causal aligned to the bottom-right corner (sq != sk).
+SOFTMAX_KINDS = ("scaled", "scaled_masked", "scaled_upper_triang", "scaled_aligned_causal")
+# The value TE's scaled_masked / aligned-causal kernels write over a masked logit (after the
+# scale, in fp32); the upper-triangular kernel writes -inf instead.
+SOFTMAX_MASK_FILL = -10000.0
+
 # TE's GEMM layouts (tealite/ops/gemm.py): first letter A transposed, second B transposed.
 LAYOUTS = ("TN", "NN", "NT", "TT")
 
@@ -171,3 +179,14 @@ def permute_e8m0_scales(scales: torch.Tensor, unshuffle_to=None) -> torch.Tensor
     sm, sn = scales.shape
     plain = scales.view(sm // 32, sn // 8, 4, 16, 2, 2).permute(0, 5, 3, 1, 4, 2)
     return plain.contiguous().view(sm, sn)[:m, :s].contiguous()
+
+
+def softmax_visible(kind: str, sq: int, sk: int, device=None) -> torch.Tensor | None:
+    """The (sq, sk) boolean matrix of the logits a causal softmax kind keeps (None for the
+    others): key j is visible to query i when j <= i + (sk - sq), the bottom-right aligned
+    diagonal (with sq == sk the upper-triangular kind's j <= i)."""
+    if kind not in ("scaled_upper_triang", "scaled_aligned_causal"):
+        return None
+    i = torch.arange(sq, device=device).unsqueeze(1)
+    j = torch.arange(sk, device=device).unsqueeze(0)
+    return j <= i + (sk - sq)

@@ -134,6 +134,8 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "act_fwd_quantize": _codes_at(None),
     "rope_fwd": (lambda r, k: move_tensor(r, k), "y"),
     "rope_bwd": (lambda r, k: move_tensor(r, k), "dx"),
+    "softmax_fwd": (lambda r, k: move_tensor(r, k), "y"),
+    "softmax_bwd": (lambda r, k: move_tensor(r, k), "dx"),
 }
 
 

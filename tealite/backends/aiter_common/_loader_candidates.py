@@ -114,6 +114,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("attention.mha_fused_bwd",              "flash_attn_fused_backward",               V10),
     C("mha_v3",                               "flash_attn_fp8_func",                     None, V10),
     C("attention.mha_v3",                     "flash_attn_fp8_func",                     V10),
+    C("softmax",                              "softmax"),
 )
 del C
 
