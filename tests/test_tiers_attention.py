@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
+from tealite.numerics import Numerics
 from tealite.types import Op
+from tealite_verify.references import attention as ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 from tealite_verify.specs.attention import make_case
+from tealite_verify.tiers import attention as tier
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 FLASH = {"attention_p_rounded_to": BF16, "attention_ds_rounded_to": BF16,
@@ -190,3 +194,23 @@ def test_wrong_kernels_are_caught(make_backend, model, numerics, dtype, outputs)
     failed = _verdicts(name, _cases(dtype), ops)
     missed = [o for o in outputs if not any(f for (op, out), f in failed.items() if out == o)]
     assert not missed, f"not caught in {missed}: {failed}"
+
+
+def test_bounds_agree_on_numpy_and_torch_float64():
+    """The GPU path (torch float64, here on the CPU) computes the bounds numpy computes."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((2, 6, 4, 8)), rng.standard_normal((2, 9, 2, 8)), \
+        rng.standard_normal((2, 9, 2, 5))
+    st = ref.Structure("bshd", "padding_causal", 0.5, (3, 0), (6, 2), (9, 0))
+    out, lse = ref.attention_fwd(q, k, v, st)
+    dout = rng.standard_normal(out.shape)
+    out_given = out.astype(np.float32).astype(np.float64)
+    grads = ref.attention_bwd(dout, q, k, v, st)
+    num = Numerics.of(FLASH)
+    host = (tier.forward_tolerances(q, k, v, st, num, BF16)
+            + tier.backward_tolerances(dout, q, k, v, out_given, lse, st, num, grads, BF16))
+    t = [torch.from_numpy(a) for a in (dout, q, k, v, out_given, lse)]
+    dev = (tier.forward_tolerances(*t[1:4], st, num, BF16)
+           + tier.backward_tolerances(*t, st, num, tuple(map(torch.from_numpy, grads)), BF16))
+    for a, b in zip(dev, host):
+        np.testing.assert_allclose(a.numpy(), b, rtol=1e-12)

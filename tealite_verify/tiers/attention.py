@@ -96,11 +96,11 @@ class Rounding:
         c = compute_dtype(numerics)
         u = unit_roundoff(c)
         p_dt, ds_dt = numerics.attention_p_rounded_to, numerics.attention_ds_rounded_to
-        eta = float(torch.finfo(c).tiny)
+        eta_p = float(torch.finfo(c).tiny)
         if p_dt is not None:
-            eta += 0.5 * float(ulp(p_dt, 0.0))
+            eta_p += 0.5 * float(ulp(p_dt, 0.0))
         exp_ulps = 1 if numerics.exp_ulps is None else numerics.exp_ulps
-        return cls(u, 2.0 * exp_ulps * u, 0.0 if p_dt is None else unit_roundoff(p_dt), eta,
+        return cls(u, 2.0 * exp_ulps * u, 0.0 if p_dt is None else unit_roundoff(p_dt), eta_p,
                    0.0 if ds_dt is None else unit_roundoff(ds_dt), numerics.attention_kv_block,
                    underflow_error(c))
 
@@ -140,7 +140,7 @@ def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype
         seen = blk.lse > -np.inf
         m = _finite_or_zero(xp, blk.ops.amax(blk.s, -1), seen)
         pr = _prob_error(blk, st, r, m, accumulation_gamma)
-        vis = blk.vis * 1.0
+        vis = xp.where(blk.vis, 1.0, 0.0)
         av, ao = xp.abs(blk.v), xp.abs(blk.out)
         pv = blk.p @ av
         n_vis = vis.sum(-1)[..., None]
@@ -186,7 +186,7 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
                                            - _finite_or_zero(xp, blk.lse, seen)), seen)
         lse = _finite_or_zero(xp, blk.lse, seen)
         pr = _prob_error(blk, st, r, lse, accumulation_gamma)
-        pr = pr + blk.p * d_lse[..., None] + r.eta_p * blk.vis
+        pr = pr + blk.p * d_lse[..., None] + xp.where(blk.vis, r.eta_p, 0.0)
         ado = xp.abs(do)
         d_out = xp.abs(oov[rows].swapaxes(0, 1) - blk.out)
         dp_abs = ado @ xp.abs(blk.v).swapaxes(-1, -2)
