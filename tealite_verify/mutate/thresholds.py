@@ -136,6 +136,7 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "rope_bwd": (lambda r, k: move_tensor(r, k), "dx"),
     "softmax_fwd": (lambda r, k: move_tensor(r, k), "y"),
     "softmax_bwd": (lambda r, k: move_tensor(r, k), "dx"),
+    "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
 }
 
 
