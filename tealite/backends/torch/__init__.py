@@ -11,6 +11,6 @@ BACKEND = register_backend(Backend(
 # Every family module registers its implementations on BACKEND when imported.  They are
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
-FAMILIES = ("activations", "gemm", "layouts", "norms", "qgemm", "quantize", "fused")
+FAMILIES = ("activations", "gemm", "layouts", "norms", "qgemm", "quantize", "fused", "attention")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
