@@ -275,9 +275,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_repro(args) -> int:
+    try:
+        p_case = _probabilistic(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     spec = get_spec(args.op)
     case = json.loads(args.case)
-    rep: CaseReport = run_case(spec, case, backends=_select_backends(args), device=args.device)
+    rep: CaseReport = run_case(spec, case, backends=_select_backends(args), device=args.device,
+                               probabilistic=p_case)
     print(rep.describe())
     if args.json:
         print(json.dumps(rep.to_dict(), indent=1, default=str))
@@ -477,6 +483,7 @@ def main(argv=None) -> int:
     q.add_argument("--backend", action="append")
     q.add_argument("--device", default="cpu")
     q.add_argument("--json", action="store_true", help="also print the report as JSON")
+    _add_probabilistic_args(q)
     _add_fuzz_parser(sub)
     gate_cli.add_parser(sub)
     mutate_cli.add_parser(sub)

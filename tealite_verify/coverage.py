@@ -29,7 +29,8 @@ from tealite_verify.strategies.recipes import (TE_RULE, given_scale, narrowing,
 RECIPE_KEYS = ("recipe", "recipe_a", "recipe_b")
 # Case keys that pick a kernel variant: each value is a layout cell (axis = the key).
 LAYOUT_KEYS = ("layout", "kind", "out_dtype", "bias", "gelu", "zero_centered_gamma",
-               "weight_dtype", "algo", "newest", "fmt", "wdtype", "pad", "return_amax")
+               "weight_dtype", "algo", "newest", "fmt", "wdtype", "pad", "return_amax",
+               "mask")
 BLOCK = 32  # the MX block, and the granularity of the block edge classes
 
 # Edge classes (the issue-13 list).  Shape classes first, then value classes.
@@ -242,7 +243,8 @@ def case_labels(case: Mapping) -> dict[str, str]:
 
 
 # Axes whose pairs are cells too (product_cells): recipe families, output direction, layout.
-PRODUCT_AXES = ("recipe.family", "recipe_a.family", "recipe_b.family", "direction", "layout")
+PRODUCT_AXES = ("recipe.family", "recipe_a.family", "recipe_b.family", "direction", "layout",
+                "mask")
 
 
 def cells_of(case: Mapping, inputs: Mapping[str, Any] | None = None) -> frozenset[tuple]:

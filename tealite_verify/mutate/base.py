@@ -22,7 +22,7 @@ KINDS = ("rounding-mode", "scale-exponent", "k-ulp", "operand", "epilogue", "pre
          "formula")
 
 _OPERATOR_MODULES = ("operators_gemm", "operators_norms", "operators_act", "operators_quant",
-                     "operators_fused", "operators_layouts")
+                     "operators_fused", "operators_layouts", "operators_attention")
 
 
 @dataclass(frozen=True)

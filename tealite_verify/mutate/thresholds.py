@@ -132,6 +132,7 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "shuffle_e8m0": (lambda r, k: move_tensor(r, k), "shuffled"),
     "layernorm_fwd_quantize": _codes_at(0), "rmsnorm_fwd_quantize": _codes_at(0),
     "act_fwd_quantize": _codes_at(None),
+    "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
 }
 
 

@@ -28,6 +28,8 @@ class Tier(str, enum.Enum):
     ULP_PAIR = "ulp-pair"
     GEMM = "gemm"                      # K-aware Higham bound (tiers/gemm.py)
     GEMM_PAIR = "gemm-pair"
+    ATTENTION = "attention"            # dot-product attention (tiers/attention.py)
+    ATTENTION_PAIR = "attention-pair"
     E8M0_ADJUSTED = "e8m0-adjusted"    # MX scales and codes (tiers/e8m0_adjusted.py)
     E8M0_ADJUSTED_PAIR = "e8m0-adjusted-pair"
     FP4_TIES = "fp4-ties"              # MX codes with hardware FP4 ties (tiers/fp4_ties.py)

@@ -1,0 +1,216 @@
+"""The ``attention`` tier: per-element bounds for dot-product attention, derived from what the
+backend declares it rounds (``tealite.numerics.Numerics``).
+
+Notation (one sequence, one head, query row i, visible key j, n_i visible keys, first order
+in the unit roundoff u of the compute dtype; ``exp_ulps`` = e, default 1; P_ij, lse_i, out_i
+the exact values, s_ij the exact scores, m_i their row max):
+
+Forward
+-------
+1. Scores.  s^_ij = fl(scale * fl(q_i . k_j)) + bias_ij: a d_qk-term reduction, the scale and
+   the bias add, so |s^ - s| <= gamma_{d_qk+2} A_ij with A_ij = scale |q_i||k_j| + |bias_ij|.
+2. Probabilities.  p^_ij = fl(exp(fl(s^_ij - m^_i))).  m^ is one of the computed scores, and
+   a common shift of every score of a row cancels in out and in lse, so only the relative
+   error of each p^ relative to the others counts: the exponent is off by |s^ - s| plus
+   the subtraction's u |s - m| (and one more u |s - m| for an exp2-based kernel's log2(e)
+   multiply; online softmax's rescaling factors exp(m_old - m_new) add at most
+   u (m_final - s_ij) more over all blocks, as their exponents telescope), and exp is off
+   by 2 e u relatively (e ulps, an ulp being at most 2u of the value).  So
+   p^_ij = p_ij (1 + rho_ij) with |rho_ij| <= r_ij = gamma_{d_qk+2} A_ij + 3u |s_ij - m_i| + 2eu.
+3. Normalization.  out = sum_j p^_j v_j / sum_j p^_j.  Perturbing every p by rho changes it
+   by sum_j P_j rho_j (v_j - out) / (1 + sum_j P_j rho_j), at most (first order)
+       sum_j P_ij r_ij (|v_j| + |out_i|),
+   the centred form: an error common to all p (the max, a shared rescaling) costs nothing.
+4. The two reductions of length n_i (numerator P V and the row sum) add
+   gamma_{n'} (sum_j P_ij |v_j| + |out_i|), with n' = n_i + 2 n_blocks for a kernel that
+   declares ``attention_kv_block`` (per key block one rounding of the rescaled running
+   output and of the running sum, n_blocks = ceil(lk / block) + 1); the final division u |out|.
+5. P rounded to ``attention_p_rounded_to`` (u_p) before the PV product: u_p sum_j P|v_j|
+   (only the numerator sees it; the row sum is kept in fp32), plus, per probability that
+   underflows that format (or fp32), half its subnormal step (or fp32's smallest normal)
+   times |v_j| (+ |out| for the sum).
+6. A factor 2 (``SAFETY``) covers the dropped second-order terms; then half an ulp of the
+   output dtype (``ulp.with_output_rounding``).
+lse = m + log(sum_j p^_j): the weighted exponent error sum_j P r, the row sum's gamma_{n'},
+log's 2eu |log l| (l = sum_j exp(s_j - m), log l = lse - m), 2u |lse| for the add (and an
+exp2 / log2 kernel's conversion), doubled, then fp32's half ulp.  A row that sees no key
+must be exactly out 0 and lse -inf (bound 0).
+
+Backward
+--------
+The backward is judged at the *exact* forward: the reference's gradients use the exact P
+and out.  A backend is handed ``out`` and ``lse`` (the spec gives it the reference's, rounded
+to q's dtype and to fp32; a backend's own forward would do as well) and their deviations
+from the exact ones, Delta_out and Delta_lse, are measured and propagated, not assumed:
+1. P^ = exp(s^ - lse_given): relative error rho_ij = gamma_{d_qk+2} A + 3u |s - lse| + 2eu +
+   Delta_lse_i, plus eta (fp32's smallest normal: exp underflowing) absolutely.
+2. dP = dout v^T: gamma_{d_v+2} DPabs_ij, DPabs = |dout||v|^T; D_i = <dout_i, out_given_i>:
+   gamma_{d_v+2} <|dout|,|out|> + <|dout|, Delta_out>.
+3. dS = P (dP - D): |dS^ - dS| <= (P rho + eta) |dP - D| + (P + eta)(gamma_{d_v+2}
+   (DPabs + Dabs) + Delta_D) =: E_ds (the cancellation in dP - D is bounded on
+   |P|(|dP| + |D|), never on |dS|); rounded to ``attention_ds_rounded_to``: + u_ds |dS|.
+4. dq = scale dS k, dk = scale dS^T q (summed over the query group), dv = P^T dout: GEMM-like
+   reductions (tiers/gemm.py's gamma, length lk for dq, the group's query rows for dk / dv):
+   scale (E_ds |k| + (gamma_n + u_ds + u) |dS||k|), the transposed form for dk, and for dv
+   (P rho + eta)^T |dout| + (gamma_n + u_p) P^T |dout|; doubled, then the output rounding.
+
+The comparison is tiers/bounded.py's; the pair rule (``attention-pair``) is the sum of the two
+backends' bounds.  ``accumulation_gamma`` is Higham's gamma_n by default; the opt-in
+probabilistic check passes Higham-Mary's (tiers/probabilistic.py).  Every bound is computed
+per block of query rows (references.attention.blocks), on the reference device when the
+case runs on the GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tealite.numerics import Numerics
+
+from tealite_verify.references import attention as ref
+from tealite_verify.tiers.primitives import (compute_dtype, gamma, ulp, underflow_error,
+                                             unit_roundoff)
+from tealite_verify.tiers.ulp import with_output_rounding
+
+SAFETY = 2.0
+F32 = torch.float32
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """What the bounds read of a declaration."""
+
+    u: float          # compute dtype's unit roundoff
+    exp_rel: float    # exp's relative error: 2 * exp_ulps * u
+    u_p: float        # P rounded before the PV / dV products (0: kept in the compute dtype)
+    eta_p: float      # absolute error of a probability that underflows
+    u_ds: float       # dS rounded before the dQ / dK products (0: not)
+    kv_block: int | None
+    eta: float        # absolute error of one operation underflowing (its smallest normal)
+
+    @classmethod
+    def of(cls, numerics: Numerics) -> "Rounding":
+        c = compute_dtype(numerics)
+        u = unit_roundoff(c)
+        p_dt, ds_dt = numerics.attention_p_rounded_to, numerics.attention_ds_rounded_to
+        eta_p = float(torch.finfo(c).tiny)
+        if p_dt is not None:
+            eta_p += 0.5 * float(ulp(p_dt, 0.0))
+        exp_ulps = 1 if numerics.exp_ulps is None else numerics.exp_ulps
+        return cls(u, 2.0 * exp_ulps * u, 0.0 if p_dt is None else unit_roundoff(p_dt), eta_p,
+                   0.0 if ds_dt is None else unit_roundoff(ds_dt), numerics.attention_kv_block,
+                   underflow_error(c))
+
+    def blocks(self, lk: int) -> int:
+        return 0 if not self.kv_block else math.ceil(lk / self.kv_block) + 1
+
+
+def _prob_error(blk: ref.Block, st: ref.Structure, r: Rounding, centre, acc_gamma):
+    """P * rho: the bound on each probability's error (before the absolute eta), rho from the
+    score error and the exponent's distance to ``centre`` (the row max, or the lse)."""
+    xp = blk.ops.xp
+    a = (xp.abs(blk.q) @ xp.abs(blk.k).swapaxes(-1, -2)) * st.scale
+    if blk.bias is not None:
+        a = a + xp.where(blk.vis, xp.abs(blk.bias), 0.0)
+    c_s = acc_gamma(blk.q.shape[-1], r.u) + 2 * r.u
+    dist = xp.where(blk.vis, xp.abs(blk.s - centre[..., None]), 0.0)
+    return xp.where(blk.vis, blk.p * (c_s * a + 3 * r.u * dist + r.exp_rel), 0.0)
+
+
+def _finite_or_zero(xp, x, seen):
+    return xp.where(seen, x, 0.0)
+
+
+def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype, *,
+                       bias=None, alibi=None, accumulation_gamma=gamma):
+    """(tol of out, tol of lse) for a backend declaring ``numerics``; 0 where a row sees
+    no key (out must be exactly 0 there, lse exactly -inf)."""
+    r = Rounding.of(numerics)
+    ops = ref.ops_of(q)
+    tol_out, tol_lse = ref.empty_outputs(q, v, st)
+    tol_lse = ops.zeros(tuple(tol_lse.shape))
+    ov = ref.bshd_view(tol_out, st.layout)
+    for blk in ref.blocks(q, k, v, st, bias=bias, alibi=alibi):
+        if blk.span.lk == 0:
+            continue
+        xp = blk.ops.xp
+        seen = blk.lse > -np.inf
+        m = _finite_or_zero(xp, blk.ops.amax(blk.s, -1), seen)
+        pr = _prob_error(blk, st, r, m, accumulation_gamma)
+        vis = xp.where(blk.vis, 1.0, 0.0)
+        av, ao = xp.abs(blk.v), xp.abs(blk.out)
+        pv = blk.p @ av
+        n_vis = vis.sum(-1)[..., None]
+        g_red = accumulation_gamma(blk.span.lk + 2 * r.blocks(blk.span.lk), r.u)
+        e = (pr @ av + ao * pr.sum(-1)[..., None]           # centred probability errors
+             + g_red * (pv + ao)                             # numerator and row sum
+             + r.u_p * pv + r.u * ao                         # P rounded; the division
+             + r.eta_p * (vis @ av + n_vis * ao)             # underflowed probabilities
+             + r.eta * n_vis)                                # underflowed products
+        ov[blk.span.q_rows(blk.r0, blk.r1)] = with_output_rounding(
+            blk.out, SAFETY * e, out_dtype).swapaxes(0, 1)
+        lse = _finite_or_zero(xp, blk.lse, seen)
+        e_lse = (pr.sum(-1) + g_red + r.exp_rel * xp.abs(lse - m) + 2 * r.u * xp.abs(lse)
+                 + r.eta_p * n_vis[..., 0])
+        tol = with_output_rounding(lse, SAFETY * e_lse, F32)
+        tol_lse[blk.span.lse_rows(blk.r0, blk.r1)] = _finite_or_zero(xp, tol, seen)
+    return tol_out, tol_lse
+
+
+def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
+                        numerics: Numerics, exact, dtype, *, bias=None, alibi=None,
+                        accumulation_gamma=gamma):
+    """(tol of dq, dk, dv) for a backend declaring ``numerics``, handed ``out_given`` and
+    ``lse_given`` (their deviations from the exact forward are propagated); ``exact``: the
+    reference's (dq, dk, dv), whose dtype-rounding the bounds include (q's dtype)."""
+    r = Rounding.of(numerics)
+    ops = ref.ops_of(q)
+    xp = ops.xp
+    e_q, e_k, e_v = ops.zeros(q.shape), ops.zeros(k.shape), ops.zeros(v.shape)
+    m_k, m_v = ops.zeros(k.shape), ops.zeros(v.shape)     # |dS|^T|q|, P^T|dout|
+    eqv, ekv, evv, mkv, mvv = (ref.bshd_view(t, st.layout) for t in (e_q, e_k, e_v, m_k, m_v))
+    dov, oov = ref.bshd_view(dout, st.layout), ref.bshd_view(out_given, st.layout)
+    n_rows = 1
+    c_d = accumulation_gamma(v.shape[-1], r.u) + 2 * r.u
+    for blk in ref.blocks(q, k, v, st, bias=bias, alibi=alibi):
+        if blk.span.lk == 0:
+            continue
+        rows = blk.span.q_rows(blk.r0, blk.r1)
+        do, dp, d, ds = ref.backward_block(blk, dov[rows])
+        seen = blk.lse > -np.inf
+        given = lse_given[blk.span.lse_rows(blk.r0, blk.r1)]
+        d_lse = _finite_or_zero(xp, xp.abs(_finite_or_zero(xp, given, seen)
+                                           - _finite_or_zero(xp, blk.lse, seen)), seen)
+        lse = _finite_or_zero(xp, blk.lse, seen)
+        pr = _prob_error(blk, st, r, lse, accumulation_gamma)
+        pr = pr + blk.p * d_lse[..., None] + xp.where(blk.vis, r.eta_p, 0.0)
+        ado = xp.abs(do)
+        d_out = xp.abs(oov[rows].swapaxes(0, 1) - blk.out)
+        dp_abs = ado @ xp.abs(blk.v).swapaxes(-1, -2)
+        d_abs = (ado * xp.abs(blk.out)).sum(-1)[..., None]
+        d_delta = (ado * d_out).sum(-1)[..., None]
+        p_eta = xp.where(blk.vis, blk.p + r.eta_p, 0.0)
+        under = 2 * v.shape[-1] * r.eta                      # underflowed products in dP, D
+        e_ds = (pr * xp.abs(dp - d[..., None])
+                + p_eta * (c_d * (dp_abs + d_abs) + d_delta + under)
+                + 2 * r.u * blk.p * (xp.abs(dp) + xp.abs(d[..., None])))
+        ads = xp.abs(ds) + e_ds
+        n = blk.span.lk
+        g_q = accumulation_gamma(n, r.u) + r.u_ds + r.u
+        eqv[rows] = ((e_ds @ xp.abs(blk.k) + g_q * (ads @ xp.abs(blk.k)) + n * r.eta)
+                     * st.scale).swapaxes(0, 1)
+        kv = blk.span.kv_rows()
+        ekv[kv] += ops.group_sum(e_ds.swapaxes(-1, -2) @ xp.abs(blk.q), blk.group
+                                 ).swapaxes(0, 1) * st.scale
+        mkv[kv] += ops.group_sum(ads.swapaxes(-1, -2) @ xp.abs(blk.q), blk.group
+                                 ).swapaxes(0, 1) * st.scale
+        evv[kv] += ops.group_sum(pr.swapaxes(-1, -2) @ ado, blk.group).swapaxes(0, 1)
+        mvv[kv] += ops.group_sum(p_eta.swapaxes(-1, -2) @ ado, blk.group).swapaxes(0, 1)
+        n_rows = max(n_rows, blk.span.lq * blk.group)
+    g_k = accumulation_gamma(n_rows, r.u) + r.u_ds + r.u
+    g_v = accumulation_gamma(n_rows, r.u) + r.u_p
+    errors = (e_q, e_k + g_k * m_k + n_rows * r.eta * st.scale, e_v + g_v * m_v + n_rows * r.eta)
+    return tuple(with_output_rounding(x, SAFETY * e, dtype) for x, e in zip(exact, errors))

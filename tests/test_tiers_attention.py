@@ -1,0 +1,216 @@
+"""The attention tier has power and no false alarms: deliberately wrong attention kernels
+(no scale, the causal diagonal off by one, a window one key too wide, the wrong K/V head for
+a query head, an undeclared rounding of the scores to bf16, dK not summed over the query
+group, a wrong lse) are caught, while correct ones that round differently (the torch
+backend; a flash-style kernel with P in bf16, online rescaling over key blocks and dS in bf16,
+declared; P in fp16 where bf16 is declared) pass.
+
+The kernels under test are one model (bshd, no bias, no padding) with one thing changed,
+registered as test backends (conftest.py's make_backend).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tealite.numerics import Numerics
+from tealite.types import Op
+from tealite_verify.references import attention as ref
+from tealite_verify.runner import run_case
+from tealite_verify.specs import get_spec
+from tealite_verify.specs.attention import make_case
+from tealite_verify.tiers import attention as tier
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+FLASH = {"attention_p_rounded_to": BF16, "attention_ds_rounded_to": BF16,
+         "attention_kv_block": 8, "exp_ulps": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A flash-style bshd attention; each field is one deliberate change."""
+
+    no_scale: bool = False
+    diag_shift: int = 0            # causal diagonal moved
+    left_extra: int = 0            # window's left side widened
+    head_mod: bool = False         # query head h reads K/V head h % h_kv (not h // group)
+    score_dtype: torch.dtype | None = None
+    p_dtype: torch.dtype | None = None
+    ds_dtype: torch.dtype | None = None
+    block: int | None = None       # online softmax over key blocks
+    lse_without_max: bool = False
+    dk_first_of_group: bool = False
+
+    def heads(self, hq, hk):
+        g = hq // hk
+        return torch.arange(hq) % hk if self.head_mod else torch.arange(hq) // g
+
+    def scores(self, q, k, config):
+        b, sq, hq, _ = q.shape
+        sk, hk = k.shape[1], k.shape[2]
+        kh = k.float().transpose(1, 2)[:, self.heads(hq, hk)]
+        scale = 1.0 if self.no_scale else config.softmax_scale
+        s = q.float().transpose(1, 2) @ kh.transpose(-1, -2) * scale
+        if self.score_dtype is not None:
+            s = s.to(self.score_dtype).float()
+        i = torch.arange(sq)[:, None] + (sk - sq if config.bottom_right else 0) + self.diag_shift
+        j = torch.arange(sk)[None, :]
+        vis = torch.ones(sq, sk, dtype=torch.bool)
+        left, right = config.window
+        if config.causal:
+            vis &= j <= i
+        if left >= 0:
+            vis &= j >= i - left - self.left_extra
+        if right >= 0:
+            vis &= j <= i + right
+        return s.masked_fill(~vis, float("-inf"))
+
+    def values(self, t, hq):
+        return t.float().transpose(1, 2)[:, self.heads(hq, t.shape[2])]
+
+    def fwd(self, q, k, v, config):
+        s, vh = self.scores(q, k, config), self.values(v, q.shape[2])
+        m = torch.full(s.shape[:-1], float("-inf"))
+        l_, acc = torch.zeros(s.shape[:-1]), torch.zeros(*s.shape[:-1], v.shape[-1])
+        step = self.block or max(s.shape[-1], 1)
+        for j0 in range(0, s.shape[-1], step):
+            sb = s[..., j0:j0 + step]
+            m_new = torch.maximum(m, sb.amax(-1))
+            m_safe = torch.where(torch.isfinite(m_new), m_new, 0.0)
+            alpha = torch.exp(m - m_safe)
+            p = torch.exp(sb - m_safe[..., None])
+            l_ = l_ * alpha + p.sum(-1)
+            pp = p.to(self.p_dtype).float() if self.p_dtype is not None else p
+            acc = acc * alpha[..., None] + pp @ vh[..., j0:j0 + step, :]
+            m = m_new
+        out = torch.where(l_[..., None] > 0, acc / l_[..., None], 0.0)
+        lse = torch.log(l_) + (0.0 if self.lse_without_max else m)
+        lse = torch.where(l_ > 0, lse, float("-inf"))
+        return out.transpose(1, 2).to(q.dtype), lse
+
+    def bwd(self, dout, q, k, v, out, lse, config):
+        hq, hk = q.shape[2], k.shape[2]
+        s, vh, kh = self.scores(q, k, config), self.values(v, hq), self.values(k, hq)
+        lse_safe = torch.where(torch.isfinite(lse), lse, 0.0)
+        p = torch.where(torch.isfinite(lse)[..., None], torch.exp(s - lse_safe[..., None]), 0.0)
+        do, o = dout.float().transpose(1, 2), out.float().transpose(1, 2)
+        ds = p * (do @ vh.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+        if self.ds_dtype is not None:
+            ds = ds.to(self.ds_dtype).float()
+        pp = p.to(self.p_dtype).float() if self.p_dtype is not None else p
+        scale = 1.0 if self.no_scale else config.softmax_scale
+        dq = ds @ kh * scale
+        dk_h = ds.transpose(-1, -2) @ q.float().transpose(1, 2) * scale
+        dv_h = pp.transpose(-1, -2) @ do
+        return (dq.transpose(1, 2).to(q.dtype), self.group(dk_h, hq, hk).to(k.dtype),
+                self.group(dv_h, hq, hk, first=False).to(v.dtype))
+
+    def group(self, t, hq, hk, first=None):
+        first = self.dk_first_of_group if first is None else first
+        out = torch.zeros(t.shape[0], hk, *t.shape[2:])
+        heads = self.heads(hq, hk)
+        for h in range(hq):
+            if not first or h % (hq // hk) == 0:
+                out[:, heads[h]] += t[:, h]
+        return out.transpose(1, 2)
+
+
+def _refuse(p):
+    if p["layout"] != "bshd" or p["bias"] or p["alibi"] or "padding" in p["mask"]:
+        return "test model: bshd without bias or padding only"
+    return None
+
+
+def _register(make_backend, model: Model, numerics: dict):
+    b = make_backend("attn_model")
+    kw = dict(dtypes=(F32, BF16, F16), check=_refuse, numerics=numerics)
+    b.implements(Op.ATTENTION_FWD, **kw)(lambda q, k, v, config: model.fwd(q, k, v, config))
+    b.implements(Op.ATTENTION_BWD, **kw)(
+        lambda dout, q, k, v, out, lse, config: model.bwd(dout, q, k, v, out, lse, config))
+    return b.name
+
+
+def _cases(dtype="bfloat16", **kw):
+    """Causal, bottom-right, windowed and plain, GQA and MQA, logits of a few units."""
+    base = dict(sq=19, sk=23, lens_q=[19, 19], lens_kv=[23, 23], scale=0.5, **kw)
+    return [make_case("bshd", "causal", dtype, seed=3, **base),
+            make_case("bshd", "causal_bottom_right", dtype, heads_kv=1, seed=4, **base),
+            make_case("bshd", "none", dtype, window=[2, 3], seed=5, **base),
+            make_case("bshd", "none", dtype, seed=6, d_v=16, **base)]
+
+
+def _verdicts(name, cases, ops=(Op.ATTENTION_FWD, Op.ATTENTION_BWD)):
+    """{(op, output): failed on some case}."""
+    failed = {}
+    for op in ops:
+        spec = get_spec(op)
+        for case in cases:
+            rep = run_case(spec, case, backends=[name], pairwise=False, probabilistic=None)
+            assert rep.outcomes[name].status == "ok", rep.describe()
+            for c in rep.comparisons:
+                failed[(op, c.output)] = failed.get((op, c.output), False) or not c.metrics.passed
+    return failed
+
+
+@pytest.mark.parametrize("model,numerics,dtype", [
+    (Model(), {}, "float32"),
+    (Model(), {}, "bfloat16"),
+    (Model(p_dtype=BF16, ds_dtype=BF16, block=8), FLASH, "bfloat16"),
+    (Model(p_dtype=BF16, ds_dtype=BF16, block=8), FLASH, "float16"),
+    (Model(p_dtype=F16, ds_dtype=BF16, block=8), FLASH, "float32"),   # fp16 P, bf16 declared
+], ids=["fp32", "bf16", "flash-bf16", "flash-fp16", "p-fp16-declared-bf16"])
+def test_correct_kernels_pass(make_backend, model, numerics, dtype):
+    name = _register(make_backend, model, numerics)
+    failed = _verdicts(name, _cases(dtype))
+    assert not any(failed.values()), failed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_torch_backend_passes(dtype):
+    failed = _verdicts("torch", _cases(dtype))
+    assert not any(failed.values()), failed
+
+
+@pytest.mark.parametrize("model,numerics,dtype,outputs", [
+    (Model(no_scale=True), {}, "bfloat16", ["out", "lse", "dq", "dk", "dv"]),
+    (Model(diag_shift=1), {}, "bfloat16", ["out", "lse", "dq", "dk", "dv"]),
+    (Model(diag_shift=-1), {}, "bfloat16", ["out", "lse"]),
+    (Model(left_extra=1), {}, "bfloat16", ["out", "lse"]),
+    (Model(head_mod=True), {}, "bfloat16", ["out", "lse", "dq", "dk", "dv"]),
+    (Model(score_dtype=BF16, p_dtype=BF16, ds_dtype=BF16, block=8), FLASH, "float32",
+     ["out", "lse"]),
+    (Model(p_dtype=BF16, block=8), {}, "float32", ["out"]),           # P rounded, undeclared
+    (Model(dk_first_of_group=True), {}, "bfloat16", ["dk"]),
+    (Model(lse_without_max=True), {}, "float32", ["lse"]),
+], ids=["no-scale", "diag+1", "diag-1", "window+1", "head-map", "scores-bf16",
+        "p-bf16-undeclared", "dk-not-group-summed", "lse-without-max"])
+def test_wrong_kernels_are_caught(make_backend, model, numerics, dtype, outputs):
+    name = _register(make_backend, model, numerics)
+    ops = [op for op, names in ((Op.ATTENTION_FWD, {"out", "lse"}),
+                                (Op.ATTENTION_BWD, {"dq", "dk", "dv"})) if names & set(outputs)]
+    failed = _verdicts(name, _cases(dtype), ops)
+    missed = [o for o in outputs if not any(f for (op, out), f in failed.items() if out == o)]
+    assert not missed, f"not caught in {missed}: {failed}"
+
+
+def test_bounds_agree_on_numpy_and_torch_float64():
+    """The GPU path (torch float64, here on the CPU) computes the bounds numpy computes."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((2, 6, 4, 8)), rng.standard_normal((2, 9, 2, 8)), \
+        rng.standard_normal((2, 9, 2, 5))
+    st = ref.Structure("bshd", "padding_causal", 0.5, (3, 0), (6, 2), (9, 0))
+    out, lse = ref.attention_fwd(q, k, v, st)
+    dout = rng.standard_normal(out.shape)
+    out_given = out.astype(np.float32).astype(np.float64)
+    grads = ref.attention_bwd(dout, q, k, v, st)
+    num = Numerics.of(FLASH)
+    host = (tier.forward_tolerances(q, k, v, st, num, BF16)
+            + tier.backward_tolerances(dout, q, k, v, out_given, lse, st, num, grads, BF16))
+    t = [torch.from_numpy(a) for a in (dout, q, k, v, out_given, lse)]
+    dev = (tier.forward_tolerances(*t[1:4], st, num, BF16)
+           + tier.backward_tolerances(*t, st, num, tuple(map(torch.from_numpy, grads)), BF16))
+    for a, b in zip(dev, host):
+        np.testing.assert_allclose(a.numpy(), b, rtol=1e-12)
