@@ -48,7 +48,8 @@ from the exact ones, Delta_out and Delta_lse, are measured and propagated, not a
    gamma_{d_v+2} <|dout|,|out|> + <|dout|, Delta_out>.
 3. dS = P (dP - D): |dS^ - dS| <= (P rho + eta) |dP - D| + (P + eta)(gamma_{d_v+2}
    (DPabs + Dabs) + Delta_D) =: E_ds (the cancellation in dP - D is bounded on
-   |P|(|dP| + |D|), never on |dS|); rounded to ``attention_ds_rounded_to``: + u_ds |dS|.
+   |P|(|dP| + |D|), never on |dS|); rounded to ``attention_ds_rounded_to``: + u_ds |dS|,
+   plus half that format's subnormal step absolutely (a tiny dS rounds into its subnormals).
 4. dq = scale dS k, dk = scale dS^T q (summed over the query group), dv = P^T dout: GEMM-like
    reductions (tiers/gemm.py's gamma, length lk for dq, the group's query rows for dk / dv):
    scale (E_ds |k| + (gamma_n + u_ds + u) |dS||k|), the transposed form for dk, and for dv
@@ -90,6 +91,7 @@ class Rounding:
     u_ds: float       # dS rounded before the dQ / dK products (0: not)
     kv_block: int | None
     eta: float        # absolute error of one operation underflowing (its smallest normal)
+    eta_ds: float = 0.0  # absolute error of a dS rounded into its format's subnormals
 
     @classmethod
     def of(cls, numerics: Numerics) -> "Rounding":
@@ -102,7 +104,7 @@ class Rounding:
         exp_ulps = 1 if numerics.exp_ulps is None else numerics.exp_ulps
         return cls(u, 2.0 * exp_ulps * u, 0.0 if p_dt is None else unit_roundoff(p_dt), eta_p,
                    0.0 if ds_dt is None else unit_roundoff(ds_dt), numerics.attention_kv_block,
-                   underflow_error(c))
+                   underflow_error(c), 0.0 if ds_dt is None else 0.5 * float(ulp(ds_dt, 0.0)))
 
     def blocks(self, lk: int) -> int:
         return 0 if not self.kv_block else math.ceil(lk / self.kv_block) + 1
@@ -196,7 +198,8 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
         under = 2 * v.shape[-1] * r.eta                      # underflowed products in dP, D
         e_ds = (pr * xp.abs(dp - d[..., None])
                 + p_eta * (c_d * (dp_abs + d_abs) + d_delta + under)
-                + 2 * r.u * blk.p * (xp.abs(dp) + xp.abs(d[..., None])))
+                + 2 * r.u * blk.p * (xp.abs(dp) + xp.abs(d[..., None]))
+                + xp.where(blk.vis, r.eta_ds, 0.0))              # dS rounded to subnormals
         ads = xp.abs(ds) + e_ds
         n = blk.span.lk
         g_q = accumulation_gamma(n, r.u) + r.u_ds + r.u
