@@ -107,7 +107,7 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
             vis_t = tl.trans(visible(rows, cols, len_q, len_kv, off, left, right,
                                      HAS_LEFT, HAS_RIGHT))
             lse2 = _lse2(lse_ptr, l_base + q_rows * s_ls, row_in)
-            pt = tl.where(vis_t, tl.exp2(st - lse2[None, :]), 0.0)
+            pt = tl.exp2(tl.where(vis_t, st - lse2[None, :], float("-inf")))  # 0 where hidden
             do = load_tile(do_base, q_rows[:, None] * s_os + d_v[None, :],
                            row_in[:, None] & (d_v[None, :] < D_V), BITS)
             dv = tl.dot(to_input(pt, do, BITS), do, dv, input_precision=DOT_PRECISION,
@@ -176,7 +176,7 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
             s += bias2(bias_ptr, slopes_ptr, b64, h, rows, cols, len_q, len_kv,
                        s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, BIAS_KIND, BIAS_BF16)
         vis = visible(rows, cols, len_q, len_kv, off, left, right, HAS_LEFT, HAS_RIGHT)
-        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        p = tl.exp2(tl.where(vis, s - lse2[:, None], float("-inf")))  # 0 where hidden
         dp = tl.dot(do, vt, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(to_input(ds, q, BITS), tl.trans(kt), dq, input_precision=DOT_PRECISION,

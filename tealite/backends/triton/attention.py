@@ -68,13 +68,19 @@ _GPU = {
 }
 _GPU_FP32 = AttentionBlocks(Blocks(64, 32, 4, 2), Blocks(32, 32, 4, 2), Blocks(32, 32, 4, 2))
 
-# Overridable per block and thread (tests, config sweeps): a fixed AttentionBlocks, or None
-# for the table.
-BLOCKS_OVERRIDE: Scoped[AttentionBlocks | None] = Scoped("triton.attention.BLOCKS", lambda: None)
+@dataclass(frozen=True)
+class BlockChoice:
+    """``forced``: the AttentionBlocks every launch uses (config sweeps, tests); None: the
+    table.  Set for one block and thread with ``BLOCKS.override(forced=...)``."""
+
+    forced: AttentionBlocks | None = None
+
+
+BLOCKS: Scoped[BlockChoice] = Scoped("triton.attention.BLOCKS", BlockChoice)
 
 
 def pick_blocks(head_dim_qk: int, head_dim_v: int, dtype: torch.dtype) -> AttentionBlocks:
-    forced = BLOCKS_OVERRIDE.get()
+    forced = BLOCKS.get().forced
     if forced is not None:
         return forced
     if INTERPRET:
@@ -298,4 +304,4 @@ def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
 
 
 __all__ = ["attention_fwd", "attention_bwd", "pick_blocks", "AttentionBlocks", "Blocks",
-           "BLOCKS_OVERRIDE"]
+           "BLOCKS", "BlockChoice"]
