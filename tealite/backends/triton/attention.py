@@ -62,8 +62,11 @@ class AttentionBlocks:
 _INTERPRETER = AttentionBlocks(Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1))
 # GPU configs by the larger padded head dim (<= 64, <= 128, <= 256) and 16-bit / fp32 inputs.
 _GPU = {
-    64: AttentionBlocks(Blocks(128, 64, 4, 3), Blocks(32, 128, 4, 3), Blocks(128, 32, 4, 3)),
-    128: AttentionBlocks(Blocks(128, 64, 8, 3), Blocks(32, 128, 8, 3), Blocks(128, 32, 8, 3)),
+    # d <= 64: not measured; dK/dV avoids (32, 128, 4 warps), the slowest at d = 128.
+    64: AttentionBlocks(Blocks(128, 64, 4, 3), Blocks(32, 64, 4, 3), Blocks(128, 32, 4, 3)),
+    # d <= 128: H100 sweep (benchmarks/attention_configs.py, docs/benchmarks/
+    # 2026-11-27-h100-attention-configs.txt): fwd 401, dK/dV 332, dQ 325 TFLOP/s (bf16).
+    128: AttentionBlocks(Blocks(128, 64, 8, 3), Blocks(64, 128, 8, 3), Blocks(128, 32, 4, 3)),
     256: AttentionBlocks(Blocks(64, 64, 4, 2), Blocks(32, 64, 4, 2), Blocks(64, 32, 4, 2)),
 }
 _GPU_FP32 = AttentionBlocks(Blocks(64, 32, 4, 2), Blocks(32, 32, 4, 2), Blocks(32, 32, 4, 2))
@@ -93,6 +96,18 @@ def pick_blocks(head_dim_qk: int, head_dim_v: int, dtype: torch.dtype) -> Attent
 
 def _pow2(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
+
+
+def _d_blocks(d_qk: int, d_v: int) -> tuple[int, int]:
+    """(BLOCK_DQK, BLOCK_DV): each head dim padded to a power of two (masked loads), except
+    that when *both* are padded to different widths they share the wider one.  Measured on an
+    H100 (triton 3.6): with d_qk = 40 (block 64) and d_v = 24 (block 32) the compiled forward
+    wrote wrong outputs (its LSE and every backward output were right), while 40 / 64, 64 / 24,
+    17 / 17 and 192 / 128 were right; the interpreter is right in every case."""
+    bq, bv = _pow2(d_qk), _pow2(d_v)
+    if d_qk < bq and d_v < bv and bq != bv:
+        bq = bv = max(bq, bv)
+    return bq, bv
 
 
 # ---- support and numerics ---------------------------------------------------------------
@@ -244,8 +259,8 @@ def attention_fwd(q, k, v, config: AttentionConfig):
         *_bsh_strides(out, c.layout), *_lse_strides(lse, c.layout), *bias[2:8],
         h, h // hk, d_qk, d_v, sq.store_q, c.softmax_scale * LOG2E, *c.window,
         BIAS_KIND=bias[8], BIAS_BF16=bias[9], **flags,
-        BLOCK_M=blk.block_m, BLOCK_N=blk.block_n, BLOCK_DQK=_pow2(d_qk), BLOCK_DV=_pow2(d_v),
-        **_launch_opts(blk))
+        BLOCK_M=blk.block_m, BLOCK_N=blk.block_n, BLOCK_DQK=_d_blocks(d_qk, d_v)[0],
+        BLOCK_DV=_d_blocks(d_qk, d_v)[1], **_launch_opts(blk))
     return out, lse
 
 
@@ -279,11 +294,11 @@ def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
         attn_bwd_delta_kernel[grid_q](
             _arg(out, flags), _arg(dout, flags), delta, sq.q_off, sq.q_len,
             *strides_o, *strides_l, h, d_v,
-            BITS=flags["BITS"], BLOCK_M=bd.block_m, BLOCK_DV=_pow2(d_v))
+            BITS=flags["BITS"], BLOCK_M=bd.block_m, BLOCK_DV=_d_blocks(d_qk, d_v)[1])
     common = (*_bsh_strides(q, c.layout), *_bsh_strides(k, c.layout), *_bsh_strides(v, c.layout),
               *strides_o, *strides_l, *bias[2:8])
     consts = dict(BIAS_KIND=bias[8], BIAS_BF16=bias[9], **flags,
-                  BLOCK_DQK=_pow2(d_qk), BLOCK_DV=_pow2(d_v))
+                  BLOCK_DQK=_d_blocks(d_qk, d_v)[0], BLOCK_DV=_d_blocks(d_qk, d_v)[1])
     scale2 = c.softmax_scale * LOG2E
     seq_args = (sq.q_off, sq.q_len, sq.kv_off, sq.kv_len)
     bk = blocks.dkdv
