@@ -145,6 +145,20 @@ def test_backward_front_end_errors(kw, message):
     assert bwd.records == []
 
 
+def test_bias_dtype_is_checked_forward_and_backward():
+    """A bias in neither q's dtype nor float32 is refused by both front-ends (the backward
+    did not check it before issue 15's part 2)."""
+    bias = t(1, 1, SQ, SK, dtype=torch.float16)
+    with raises("bias dtype must be one of"):
+        fwd(bias=bias)
+    assert fwd.records == []
+    q, k, v = qkv()
+    out, lse = tealite.attention_fwd(q, k, v, backend="torch")
+    with registry.trace() as records, raises("bias dtype must be one of"):
+        tealite.attention_bwd(out, q, k, v, out, lse, bias=bias, backend="torch")
+    assert list(records) == []
+
+
 def test_backward_thd_lse_shape():
     with raises(esc("lse must have shape (4, 9)")):
         bwd(lse=t(B, HQ, 9), **THD)

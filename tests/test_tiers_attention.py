@@ -214,3 +214,24 @@ def test_bounds_agree_on_numpy_and_torch_float64():
            + tier.backward_tolerances(*t, st, num, tuple(map(torch.from_numpy, grads)), BF16))
     for a, b in zip(dev, host):
         np.testing.assert_allclose(a.numpy(), b, rtol=1e-12)
+
+
+def test_pair_rule_and_the_same_precision_ratio(make_backend):
+    """Two correct backends that round differently agree within the sum of their bounds
+    (``attention-pair``), and a wrong one is caught against a correct one; with the opt-in
+    check every output carries err/err(torch same precision), as repro / fuzz print it."""
+    flash = _register(make_backend, Model(p_dtype=BF16, ds_dtype=BF16, block=8), FLASH)
+    wrong = _register(make_backend, Model(left_extra=1), {})
+    for op in (Op.ATTENTION_FWD, Op.ATTENTION_BWD):
+        case = _cases("bfloat16")[2]                  # the windowed one
+        rep = run_case(get_spec(op), case, backends=["torch", flash], probabilistic=1e-9)
+        pairs = [c for c in rep.comparisons if c.rhs != "reference"]
+        assert pairs and all(c.metrics.tier == "attention-pair" and c.metrics.passed
+                             for c in pairs), rep.describe()
+        mine = [c.metrics for c in rep.comparisons if c.rhs == "reference"]
+        assert all(m.fa_ratio is not None and m.prob_ratio is not None for m in mine)
+        assert "err/err(torch same precision)" in rep.describe()
+    rep = run_case(get_spec(Op.ATTENTION_FWD), _cases("bfloat16")[2],
+                   backends=["torch", wrong], probabilistic=None)
+    pair = [c for c in rep.comparisons if c.rhs != "reference"]
+    assert len(pair) == 2 and not any(c.metrics.passed for c in pair), rep.describe()

@@ -114,11 +114,11 @@ def _check_window(window, mask: str) -> tuple[int, int]:
     return left, right
 
 
-def _check_bias(bias, alibi_slopes, layout, b, hq, sq, sk):
+def _check_bias(bias, alibi_slopes, layout, b, hq, sq, sk, dtype):
     require(bias is None or alibi_slopes is None, "give bias or alibi_slopes, not both")
     if bias is not None:
         require(layout != "thd", "bias is not supported with layout 'thd' (TE's rule)")
-        check_tensor("bias", bias, ndim=4)
+        check_tensor("bias", bias, ndim=4, dtypes=(dtype, torch.float32))
         bb, bh, bsq, bsk = bias.shape
         require(bb in (1, b) and bh in (1, hq) and (bsq, bsk) == (sq, sk),
                 f"bias must have shape (1|{b}, 1|{hq}, {sq}, {sk}), got {tuple(bias.shape)}")
@@ -153,7 +153,7 @@ def make_config(q, k, v, *, layout, mask, window, softmax_scale, bias, alibi_slo
             require(seqlens_q is None and seqlens_kv is None,
                     f"seqlens_* need a padding mask {PADDING_MASKS}, got mask {mask!r}")
     window = _check_window(window, mask)
-    _check_bias(bias, alibi_slopes, layout, b, hq, sq, sk)
+    _check_bias(bias, alibi_slopes, layout, b, hq, sq, sk, q.dtype)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(dqk)
     softmax_scale = check_finite_number("softmax_scale", softmax_scale, positive=True)
@@ -194,8 +194,6 @@ def attention_fwd(q, k, v, *, layout: str = "bshd", mask: str = "none",
         bias=bias, alibi_slopes=alibi_slopes, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
         cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded)
-    if bias is not None:
-        check_tensor("bias", bias, dtypes=(q.dtype, torch.float32))
     impl = registry.dispatch(Op.ATTENTION_FWD, params, backend)
     return AttentionFwd(*impl.fn(q, k, v, config))
 
