@@ -6,9 +6,8 @@ sequence-major, then token blocks of the longest sequence; blocks past a shorter
 return at once).  It computes each token's position in-kernel (start offset, or the
 two-chunk formula), loads the float32 angles of the rotated columns once, takes cos / sin,
 and then loops over the heads: per head one load of the head, one gathered load of the
-partner columns, the FMA pair, one store (the forward takes two heads per iteration, loads
-first: a latency-bound loop needs the bytes in flight).  The cos / sin of a (token, column)
-are computed once for all heads, so the kernel is load/store bound for any head count.
+partner columns, the FMA pair, one store.  The cos / sin of a (token, column) are computed
+once for all heads, so the kernel is load/store bound for any head count.
 
 The tile holds the whole head (``BLOCK_D = next_power_of_2(d)``): columns ``k < d2`` are
 rotated, the tail is copied bit for bit (loaded and stored through the same fp32 widening,
@@ -61,8 +60,7 @@ def _rope_kernel(x_ptr, y_ptr, f_ptr, cu_ptr, start_ptr,
                  cp_size, cp_rank,
                  THD: tl.constexpr, CP: tl.constexpr, HAS_START: tl.constexpr,
                  INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, IS_BF16: tl.constexpr,
-                 ACCURATE_TRIG: tl.constexpr, TWO_HEADS: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
+                 ACCURATE_TRIG: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
     b = pid // n_blocks
     i = (pid % n_blocks) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -112,35 +110,12 @@ def _rope_kernel(x_ptr, y_ptr, f_ptr, cu_ptr, start_ptr,
     dmask = rows[:, None] & (k < D)[None, :]
     x_rows = x_base + i.to(tl.int64)[:, None] * sx_s
     y_rows = y_base + i.to(tl.int64)[:, None] * sy_s
-    if TWO_HEADS:
-        # Two heads per iteration, both loaded before either is stored (the compiler may not
-        # move a load above a store to y, which could alias x): twice the bytes in flight per
-        # thread, which this latency-bound loop needs to approach copy bandwidth.  An odd last
-        # head is masked off.
-        for h in range(0, H, 2):
-            xo = x_rows + h * sx_h
-            yo = y_rows + h * sy_h
-            has1 = (k * 0 + h + 1 < H)[None, :]  # a tensor: the interpreter takes no bool
-            x0 = load_f32(x_ptr, xo + k[None, :], dmask, IS_BF16)
-            q0 = load_f32(x_ptr, xo + partner[None, :], fmask, IS_BF16)
-            x1 = load_f32(x_ptr, xo + sx_h + k[None, :], dmask & has1, IS_BF16)
-            q1 = load_f32(x_ptr, xo + sx_h + partner[None, :], fmask & has1, IS_BF16)
-            store_f32(y_ptr, yo + k[None, :], _rotate(x0, q0, c_k, s_eff, rot), dmask, IS_BF16)
-            store_f32(y_ptr, yo + sy_h + k[None, :], _rotate(x1, q1, c_k, s_eff, rot),
-                      dmask & has1, IS_BF16)
-    else:
-        for h in range(0, H):
-            xo = x_rows + h * sx_h
-            x = load_f32(x_ptr, xo + k[None, :], dmask, IS_BF16)
-            xq = load_f32(x_ptr, xo + partner[None, :], fmask, IS_BF16)
-            store_f32(y_ptr, y_rows + h * sy_h + k[None, :], _rotate(x, xq, c_k, s_eff, rot),
-                      dmask, IS_BF16)
-
-
-@triton.jit
-def _rotate(x, xq, c_k, s_eff, rot):
-    """The rotated columns' FMA pair; the tail columns pass through."""
-    return tl.where(rot[None, :], x * c_k + xq * s_eff, x)
+    for h in range(0, H):
+        xo = x_rows + h * sx_h
+        x = load_f32(x_ptr, xo + k[None, :], dmask, IS_BF16)
+        xq = load_f32(x_ptr, xo + partner[None, :], fmask, IS_BF16)
+        y = tl.where(rot[None, :], x * c_k + xq * s_eff, x)
+        store_f32(y_ptr, y_rows + h * sy_h + k[None, :], y, dmask, IS_BF16)
 
 
 def _block_s(d: int) -> int:
@@ -176,10 +151,6 @@ def _launch(t, freqs, tensor_format, interleaved, cu_seqlens, cp_size, cp_rank,
         return y
     d, d2 = x.shape[-1], freqs.shape[-1]
     block_s = _block_s(d)
-    # Two heads in flight for the forward only (sm_90 SASS, d = 128): the forward's cos / sin
-    # phase already sets its register count (60), so the second head is free; the backward's
-    # head loop sets it (40 with one head, 48 with two, and ptxas then still issues the second
-    # head's loads after the first head's store), so two would cost occupancy for nothing.
     n_blocks = triton.cdiv(s, block_s)
     f = freqs.contiguous()
     start = start_positions.contiguous() if start_positions is not None else cu
@@ -188,8 +159,7 @@ def _launch(t, freqs, tensor_format, interleaved, cu_seqlens, cp_size, cp_rank,
         f.stride(0), sb, ss, sh, sb, ss, sh, cp_size, cp_rank,
         THD=thd, CP=cp_size > 1, HAS_START=start_positions is not None,
         INTERLEAVED=interleaved, BACKWARD=backward, IS_BF16=x.dtype == torch.bfloat16,
-        ACCURATE_TRIG=not INTERPRET, TWO_HEADS=not backward, BLOCK_S=block_s,
-        BLOCK_D=triton.next_power_of_2(d),
+        ACCURATE_TRIG=not INTERPRET, BLOCK_S=block_s, BLOCK_D=triton.next_power_of_2(d),
         num_warps=4)
     return y
 
