@@ -83,10 +83,11 @@ def _softmax_fwd_kernel(x_ptr, mask_ptr, y_ptr, sq, sk, scale, rows_per_batch, M
     e = tl.where(inb, tl.exp(s - m), 0.0)
     total = tl.sum(e, axis=0)
     if KIND >= 2:
-        # The hidden keys' outputs are 0 whatever they divide to, and their e is 0: on CUDA
-        # div_rn's fast path refuses a zero dividend (FCHK) and calls a slow subroutine per
-        # element.  They divide total / total instead (measured on an H100: 52 -> 59 % of
-        # copy with the prefix read above; the kind is instruction-bound, not memory-bound).
+        # The hidden keys' outputs are 0 whatever they divide to, and their e is 0 (unless the
+        # row max is near the fill): on CUDA div_rn's fast path refuses a zero dividend (FCHK)
+        # and calls a slow subroutine per element.  They divide total / total instead.  The
+        # kind is instruction-bound, not memory-bound; a heavier form of this plus the prefix
+        # read measured 52 -> 59 % of copy on an H100 (docs/benchmarks/2026-11-27-issue15).
         y = tl.where(kept, tl.math.div_rn(tl.where(kept, e, total), total), 0.0)
     else:
         y = tl.math.div_rn(e, total)
