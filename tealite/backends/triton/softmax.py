@@ -2,7 +2,8 @@
 in registers (a power-of-two block, so any row length, prime or not, runs with a masked tail).
 
 Forward, per row: s = x * scale in fp32, the kind's fill (-10000 over masked logits and the
-aligned-causal kind's hidden keys, -inf over the upper-triangular kind's), max, exp(s - max),
+aligned-causal kind's hidden keys, -inf over the upper-triangular kind's: the causal kinds
+read only the visible prefix of x), max, exp(s - max),
 a tree sum, an IEEE division (``div_rn``: Triton's ``/`` is approximate on CUDA); rows TE
 zeroes are zeroed (tealite/ops/softmax.py).  The mask of ``scaled_masked`` is read as bytes
 from its (b or 1, 1, sq, sk) layout: row r = ((batch * heads) + head) * sq + q reads mask row
@@ -44,10 +45,16 @@ def _too_long(params) -> str | None:
 
 
 @triton.jit
+def _visible(row, sq, sk):
+    """How many leading keys a causal kind keeps for the row's query i: i + (sk - sq) + 1
+    (<= 0 for the aligned kind's empty rows), as int32: the compare with it is per element."""
+    return (row % sq).to(tl.int32) + (sk - sq) + 1
+
+
+@triton.jit
 def _kept(row, cols, sq, sk):
     """Key j kept for the row's query i by a causal kind: j <= i + (sk - sq)."""
-    q = row % sq
-    return cols <= q + (sk - sq)
+    return cols < _visible(row, sq, sk)
 
 
 @triton.jit
@@ -57,21 +64,35 @@ def _softmax_fwd_kernel(x_ptr, mask_ptr, y_ptr, sq, sk, scale, rows_per_batch, M
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inb = cols < sk
-    s = load_f32(x_ptr, row * sk + cols, inb, IS_BF16) * scale
+    if KIND >= 2:
+        # The causal kinds replace every hidden logit by the fill whatever x holds there, so
+        # only the visible prefix is read.  Its bound rounded up to a multiple of 8 keeps the
+        # load vectorized (the compiler sees the mask constant over 8 keys); the up to 7
+        # extra keys read are filled like the rest.
+        kept = _kept(row, cols, sq, sk)
+        ld = inb & (cols < ((_visible(row, sq, sk) + 7) // 8) * 8)
+        s = tl.where(kept, load_f32(x_ptr, row * sk + cols, ld, IS_BF16) * scale, FILL)
+    else:
+        s = load_f32(x_ptr, row * sk + cols, inb, IS_BF16) * scale
     if KIND == 1:  # scaled_masked: the mask row of this query, of this batch or the shared one
         mrow = (row // rows_per_batch) * MASK_PER_BATCH * sq + row % sq
         masked = tl.load(mask_ptr + mrow * sk + cols, mask=inb, other=0) != 0
         s = tl.where(masked, FILL, s)
-    if KIND >= 2:  # the causal kinds
-        s = tl.where(_kept(row, cols, sq, sk), s, FILL)
     s = tl.where(inb, s, float("-inf"))
     m = tl.max(s, axis=0)
     e = tl.where(inb, tl.exp(s - m), 0.0)
-    y = tl.math.div_rn(e, tl.sum(e, axis=0))
+    total = tl.sum(e, axis=0)
+    if KIND >= 2:
+        # The hidden keys' outputs are 0 whatever they divide to, and their e is 0 (unless the
+        # row max is near the fill): on CUDA div_rn's fast path refuses a zero dividend (FCHK)
+        # and calls a slow subroutine per element.  They divide total / total instead.  The
+        # kind is instruction-bound, not memory-bound; a heavier form of this plus the prefix
+        # read measured 52 -> 59 % of copy on an H100 (docs/benchmarks/2026-11-27-issue15).
+        y = tl.where(kept, tl.math.div_rn(tl.where(kept, e, total), total), 0.0)
+    else:
+        y = tl.math.div_rn(e, total)
     if KIND == 1:
         y = tl.where(m == FILL, 0.0, y)  # TE zeroes a row whose max is the fill
-    if KIND >= 2:
-        y = tl.where(_kept(row, cols, sq, sk), y, 0.0)
     store_f32(y_ptr, row * sk + cols, y, inb, IS_BF16)
 
 
