@@ -209,3 +209,14 @@ def test_aiter_fp8_with_a_wrong_descale_is_caught(at, monkeypatch):
     with aiter_triton.lift_platform_rejections(fp8_in_interpreter=True):
         rep = report(fp8spec.NAME, FP8_CASES[0])
     assert rep.verdict == "fail" and _worst(rep) > max(1.0, 2 * correct), rep.describe()
+
+
+def test_compiled_backward_refuses_head_dims_below_16(monkeypatch):
+    """Seen on an H100: AITER's backward does not compile for a head dim of 8 (its tl.dot
+    over the head dim); the interpreter runs it, so only the compiled path refuses."""
+    from tealite.backends.aiter_triton import attention as aa
+    monkeypatch.setattr(aa, "INTERPRET", False)
+    p = dict(head_dim_qk=8, head_dim_v=8)
+    assert "below 16" in aa._head_dim_reason(p, backward=True)
+    assert aa._head_dim_reason(p, backward=False) is None
+    assert aa._head_dim_reason(dict(head_dim_qk=16, head_dim_v=16), backward=True) is None

@@ -197,3 +197,43 @@ def test_a_bias_in_another_dtype_is_refused_at_the_call():
     config, _ = _config(q, k, v, bias=torch.zeros(1, 1, 4, 4))
     with sa.ATEN.override(**_fakes()), pytest.raises(UnsupportedCase, match="q's dtype"):
         sa.attention_fwd(q, k, v, config)
+
+
+def _with_empty_rows(fn, value):
+    """A fake forward writing ``value`` as the lse of rows that see no key (the efficient
+    kernel's 0 and FlashAttention-2's +inf, seen / documented on an H100)."""
+    def fwd(**kw):
+        out, lse, *rest = fn(**kw)
+        return (out, torch.where(torch.isneginf(lse), value, lse), *rest)
+    return fwd
+
+
+def test_rows_that_see_no_key_get_the_contracts_lse_both_ways():
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8)
+    bias = torch.randn(1, 2, 4, 4)
+    bias[0, 1, 2] = -math.inf                               # head 1, row 2: no key
+    config, _ = _config(q, k, v, bias=bias)
+    fakes = _fakes()
+    fakes["efficient_fwd"].fn = _with_empty_rows(_efficient_fwd, 0.0)
+    with sa.ATEN.override(**fakes):
+        out, lse = sa.attention_fwd(q, k, v, config)
+        sa.attention_bwd(out, q, k, v, out, lse, config)
+    assert torch.isneginf(lse[0, 1, 2]) and torch.isfinite(lse[0, 0]).all()
+    assert torch.isposinf(fakes["efficient_bwd"].calls[0]["logsumexp"][0, 1, 2])
+
+    qh = torch.randn(1, 4, 2, 8).half()                     # s_q 4 > s_kv 2: rows 0, 1 empty
+    kh, vh = torch.randn(1, 2, 2, 8).half(), torch.randn(1, 2, 2, 8).half()
+    config, _ = _config(qh, kh, vh, mask="causal_bottom_right")
+    fakes = _fakes()
+    fakes["flash_fwd"].fn = _with_empty_rows(_flash_fwd, math.inf)
+    with sa.ATEN.override(**fakes):
+        out, lse = sa.attention_fwd(qh, kh, vh, config)
+        sa.attention_bwd(out, qh, kh, vh, out, lse, config)
+    assert torch.isneginf(lse[..., :2]).all() and torch.isfinite(lse[..., 2:]).all()
+    assert torch.isposinf(fakes["flash_bwd"].calls[0]["logsumexp"][..., :2]).all()
+
+
+def test_alibi_is_not_sent_to_torchs_flash_build():
+    kernel, why = sa.choose_kernel(_params(alibi=True))
+    assert kernel is None and "does not support alibi" in why

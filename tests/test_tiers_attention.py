@@ -43,6 +43,10 @@ class Model:
     block: int | None = None       # online softmax over key blocks
     lse_without_max: bool = False
     dk_first_of_group: bool = False
+    tf32: bool = False             # every matmul operand rounded to TF32 (fp32 tl.dot on NVIDIA)
+
+    def mm(self, a, b):
+        return _tf32(a) @ _tf32(b) if self.tf32 else a @ b
 
     def heads(self, hq, hk):
         g = hq // hk
@@ -53,7 +57,7 @@ class Model:
         sk, hk = k.shape[1], k.shape[2]
         kh = k.float().transpose(1, 2)[:, self.heads(hq, hk)]
         scale = 1.0 if self.no_scale else config.softmax_scale
-        s = q.float().transpose(1, 2) @ kh.transpose(-1, -2) * scale
+        s = self.mm(q.float().transpose(1, 2), kh.transpose(-1, -2)) * scale
         if self.score_dtype is not None:
             s = s.to(self.score_dtype).float()
         i = torch.arange(sq)[:, None] + (sk - sq if config.bottom_right else 0) + self.diag_shift
@@ -84,7 +88,7 @@ class Model:
             p = torch.exp(sb - m_safe[..., None])
             l_ = l_ * alpha + p.sum(-1)
             pp = p.to(self.p_dtype).float() if self.p_dtype is not None else p
-            acc = acc * alpha[..., None] + pp @ vh[..., j0:j0 + step, :]
+            acc = acc * alpha[..., None] + self.mm(pp, vh[..., j0:j0 + step, :])
             m = m_new
         out = torch.where(l_[..., None] > 0, acc / l_[..., None], 0.0)
         lse = torch.log(l_) + (0.0 if self.lse_without_max else m)
@@ -97,14 +101,14 @@ class Model:
         lse_safe = torch.where(torch.isfinite(lse), lse, 0.0)
         p = torch.where(torch.isfinite(lse)[..., None], torch.exp(s - lse_safe[..., None]), 0.0)
         do, o = dout.float().transpose(1, 2), out.float().transpose(1, 2)
-        ds = p * (do @ vh.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+        ds = p * (self.mm(do, vh.transpose(-1, -2)) - (do * o).sum(-1, keepdim=True))
         if self.ds_dtype is not None:
             ds = ds.to(self.ds_dtype).float()
         pp = p.to(self.p_dtype).float() if self.p_dtype is not None else p
         scale = 1.0 if self.no_scale else config.softmax_scale
-        dq = ds @ kh * scale
-        dk_h = ds.transpose(-1, -2) @ q.float().transpose(1, 2) * scale
-        dv_h = pp.transpose(-1, -2) @ do
+        dq = self.mm(ds, kh) * scale
+        dk_h = self.mm(ds.transpose(-1, -2), q.float().transpose(1, 2)) * scale
+        dv_h = self.mm(pp.transpose(-1, -2), do)
         return (dq.transpose(1, 2).to(q.dtype), self.group(dk_h, hq, hk).to(k.dtype),
                 self.group(dv_h, hq, hk, first=False).to(v.dtype))
 
@@ -116,6 +120,13 @@ class Model:
             if not first or h % (hq // hk) == 0:
                 out[:, heads[h]] += t[:, h]
         return out.transpose(1, 2)
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to TF32's 10 fraction bits, to nearest even (finite inputs)."""
+    bits = t.float().contiguous().view(torch.int32)
+    bits = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF
+    return bits.view(torch.float32)
 
 
 def _refuse(p):
@@ -161,7 +172,11 @@ def _verdicts(name, cases, ops=(Op.ATTENTION_FWD, Op.ATTENTION_BWD)):
     (Model(p_dtype=BF16, ds_dtype=BF16, block=8), FLASH, "bfloat16"),
     (Model(p_dtype=BF16, ds_dtype=BF16, block=8), FLASH, "float16"),
     (Model(p_dtype=F16, ds_dtype=BF16, block=8), FLASH, "float32"),   # fp16 P, bf16 declared
-], ids=["fp32", "bf16", "flash-bf16", "flash-fp16", "p-fp16-declared-bf16"])
+    (Model(tf32=True), {"matmul_input_rounding": "tf32"}, "float32"),
+    (Model(tf32=True), {"matmul_input_rounding": "tf32", "accumulator_unit_roundoff": 2.0**-23},
+     "float32"),
+], ids=["fp32", "bf16", "flash-bf16", "flash-fp16", "p-fp16-declared-bf16", "tf32-declared",
+        "tf32-truncating-accumulator"])
 def test_correct_kernels_pass(make_backend, model, numerics, dtype):
     name = _register(make_backend, model, numerics)
     failed = _verdicts(name, _cases(dtype))
@@ -185,8 +200,10 @@ def test_the_torch_backend_passes(dtype):
     (Model(p_dtype=BF16, block=8), {}, "float32", ["out"]),           # P rounded, undeclared
     (Model(dk_first_of_group=True), {}, "bfloat16", ["dk"]),
     (Model(lse_without_max=True), {}, "float32", ["lse"]),
+    (Model(tf32=True), {}, "float32", ["out", "dq"]),                 # TF32, undeclared
 ], ids=["no-scale", "diag+1", "diag-1", "window+1", "head-map", "scores-bf16",
-        "p-bf16-undeclared", "dk-not-group-summed", "lse-without-max"])
+        "p-bf16-undeclared", "dk-not-group-summed", "lse-without-max",
+        "tf32-undeclared"])
 def test_wrong_kernels_are_caught(make_backend, model, numerics, dtype, outputs):
     name = _register(make_backend, model, numerics)
     ops = [op for op, names in ((Op.ATTENTION_FWD, {"out", "lse"}),

@@ -55,6 +55,12 @@ from the exact ones, Delta_out and Delta_lse, are measured and propagated, not a
    scale (E_ds |k| + (gamma_n + u_ds + u) |dS||k|), the transposed form for dk, and for dv
    (P rho + eta)^T |dout| + (gamma_n + u_p) P^T |dout|; doubled, then the output rounding.
 
+Tensor cores (the declarations tiers/gemm.py reads too): ``accumulator_unit_roundoff``
+replaces u in every matmul reduction's gamma (QK^T, PV and the row sum, dP, dQ, dK, dV), and
+``matmul_input_rounding = "tf32"`` adds 2 u_tf32 to each of those relative bounds (both
+operands of every product rounded to TF32 first: NVIDIA's default for fp32 ``tl.dot`` and
+cuBLAS; the scores' share enters the probabilities through A_ij above).
+
 The comparison is tiers/bounded.py's; the pair rule (``attention-pair``) is the sum of the two
 backends' bounds.  ``accumulation_gamma`` is Higham's gamma_n by default; the opt-in
 probabilistic check passes Higham-Mary's (tiers/probabilistic.py).  Every bound is computed
@@ -92,6 +98,8 @@ class Rounding:
     kv_block: int | None
     eta: float        # absolute error of one operation underflowing (its smallest normal)
     eta_ds: float = 0.0  # absolute error of a dS rounded into its format's subnormals
+    u_acc: float = 0.0   # the matmuls' accumulator (declared accumulator_unit_roundoff, else u)
+    u_in: float = 0.0    # each matmul operand rounded first (matmul_input_rounding "tf32")
 
     @classmethod
     def of(cls, numerics: Numerics) -> "Rounding":
@@ -102,9 +110,20 @@ class Rounding:
         if p_dt is not None:
             eta_p += 0.5 * float(ulp(p_dt, 0.0))
         exp_ulps = 1 if numerics.exp_ulps is None else numerics.exp_ulps
+        # Tensor-core matmuls: fp32 operands read as TF32 (NVIDIA's default for tl.dot and
+        # cuBLAS on fp32), products accumulated with the declared accumulator roundoff (the
+        # same declarations the gemm tier reads).
+        u_in = unit_roundoff("tf32") if numerics.matmul_input_rounding == "tf32" else 0.0
+        u_acc = numerics.accumulator_unit_roundoff or u
         return cls(u, 2.0 * exp_ulps * u, 0.0 if p_dt is None else unit_roundoff(p_dt), eta_p,
                    0.0 if ds_dt is None else unit_roundoff(ds_dt), numerics.attention_kv_block,
-                   underflow_error(c), 0.0 if ds_dt is None else 0.5 * float(ulp(ds_dt, 0.0)))
+                   underflow_error(c), 0.0 if ds_dt is None else 0.5 * float(ulp(ds_dt, 0.0)),
+                   max(u_acc, u), u_in)
+
+    def dot(self, n: int, acc_gamma) -> float:
+        """Relative bound of one n-term matmul reduction: accumulation plus both operands'
+        input rounding (the 2 u_in of a product of two rounded operands)."""
+        return acc_gamma(n, self.u_acc) + 2 * self.u_in
 
     def blocks(self, lk: int) -> int:
         return 0 if not self.kv_block else math.ceil(lk / self.kv_block) + 1
@@ -117,7 +136,7 @@ def _prob_error(blk: ref.Block, st: ref.Structure, r: Rounding, centre, acc_gamm
     a = (xp.abs(blk.q) @ xp.abs(blk.k).swapaxes(-1, -2)) * st.scale
     if blk.bias is not None:
         a = a + xp.where(blk.vis, xp.abs(blk.bias), 0.0)
-    c_s = acc_gamma(blk.q.shape[-1], r.u) + 2 * r.u
+    c_s = r.dot(blk.q.shape[-1], acc_gamma) + 2 * r.u
     dist = xp.where(blk.vis, xp.abs(blk.s - centre[..., None]), 0.0)
     return xp.where(blk.vis, blk.p * (c_s * a + 3 * r.u * dist + r.exp_rel), 0.0)
 
@@ -146,7 +165,7 @@ def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype
         av, ao = xp.abs(blk.v), xp.abs(blk.out)
         pv = blk.p @ av
         n_vis = vis.sum(-1)[..., None]
-        g_red = accumulation_gamma(blk.span.lk + 2 * r.blocks(blk.span.lk), r.u)
+        g_red = r.dot(blk.span.lk + 2 * r.blocks(blk.span.lk), accumulation_gamma)
         e = (pr @ av + ao * pr.sum(-1)[..., None]           # centred probability errors
              + g_red * (pv + ao)                             # numerator and row sum
              + r.u_p * pv + r.u * ao                         # P rounded; the division
@@ -176,7 +195,7 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
     eqv, ekv, evv, mkv, mvv = (ref.bshd_view(t, st.layout) for t in (e_q, e_k, e_v, m_k, m_v))
     dov, oov = ref.bshd_view(dout, st.layout), ref.bshd_view(out_given, st.layout)
     n_rows = 1
-    c_d = accumulation_gamma(v.shape[-1], r.u) + 2 * r.u
+    c_d = r.dot(v.shape[-1], accumulation_gamma) + 2 * r.u
     for blk in ref.blocks(q, k, v, st, bias=bias, alibi=alibi):
         if blk.span.lk == 0:
             continue
@@ -202,7 +221,7 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
                 + xp.where(blk.vis, r.eta_ds, 0.0))              # dS rounded to subnormals
         ads = xp.abs(ds) + e_ds
         n = blk.span.lk
-        g_q = accumulation_gamma(n, r.u) + r.u_ds + r.u
+        g_q = r.dot(n, accumulation_gamma) + r.u_ds + r.u
         eqv[rows] = ((e_ds @ xp.abs(blk.k) + g_q * (ads @ xp.abs(blk.k)) + n * r.eta)
                      * st.scale).swapaxes(0, 1)
         kv = blk.span.kv_rows()
@@ -213,7 +232,7 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
         evv[kv] += ops.group_sum(pr.swapaxes(-1, -2) @ ado, blk.group).swapaxes(0, 1)
         mvv[kv] += ops.group_sum(p_eta.swapaxes(-1, -2) @ ado, blk.group).swapaxes(0, 1)
         n_rows = max(n_rows, blk.span.lq * blk.group)
-    g_k = accumulation_gamma(n_rows, r.u) + r.u_ds + r.u
-    g_v = accumulation_gamma(n_rows, r.u) + r.u_p
+    g_k = r.dot(n_rows, accumulation_gamma) + r.u_ds + r.u
+    g_v = r.dot(n_rows, accumulation_gamma) + r.u_p
     errors = (e_q, e_k + g_k * m_k + n_rows * r.eta * st.scale, e_v + g_v * m_v + n_rows * r.eta)
     return tuple(with_output_rounding(x, SAFETY * e, dtype) for x, e in zip(exact, errors))

@@ -140,6 +140,11 @@ def _head_dim_reason(p, backward: bool) -> str | None:
                 f"ACTUAL_HEAD_DIM, so its kernels tl.arange over the head dim "
                 f"({_ceil_pad(dv)} after padding to 8), which Triton refuses unless it is a "
                 f"power of 2")
+    if backward and not INTERPRET and _ceil_pad(min(dqk, dv)) < 16:
+        # Seen on an H100 (triton 3.6): the backward's tl.dot over the head dim does not
+        # compile for 8 (Triton's MMA takes K >= 16); AITER pads the head dim to 8 only.
+        return (f"AITER's Triton mha backward does not compile for head dims below 16 "
+                f"(got {dqk}/{dv}: tl.dot over the head dim needs >= 16)")
     return None
 
 

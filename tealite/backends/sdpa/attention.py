@@ -129,7 +129,11 @@ def _flash_reason(p) -> str | None:
     if p["dtype"] not in _HALF:
         return "FlashAttention-2 takes fp16 / bf16 only"
     if p["bias"]:
-        return "FlashAttention-2 has no bias tensor (ALiBi slopes only)"
+        return "FlashAttention-2 has no bias tensor"
+    if p["alibi"]:
+        # torch's in-tree FlashAttention-2 is built without ALiBi: its forward raises "This
+        # flash attention build does not support alibi" (seen on an H100, torch 2.11).
+        return "torch's FlashAttention-2 build has no ALiBi ('does not support alibi')"
     if p["head_dim_qk"] != p["head_dim_v"]:
         return "FlashAttention-2 needs one head dim for q, k and v"
     if p["head_dim_qk"] > _FLASH_MAX_HEAD_DIM:
@@ -260,6 +264,25 @@ def _efficient_bias(config: AttentionConfig, b: int, h: int, sq: int, sk: int):
     return buf[..., :sk]
 
 
+def _rows_seeing_no_key(config: AttentionConfig, b: int, h: int, sq: int, sk: int, device):
+    """(b | 1, h | 1, s_q) bool: rows the causal mask and the bias leave without a key (the
+    efficient kernel's only routes to an empty row; windows and padding are refused)."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if config.causal:
+        vis = vis & (j <= i + (sk - sq if config.bottom_right else 0))
+    if config.bias is not None:
+        vis = vis & (config.bias > float("-inf"))
+    return ~vis.any(-1).reshape((1, 1, sq) if vis.dim() == 2 else vis.shape[:-1])
+
+
+def _lse_for_kernel(lse: torch.Tensor) -> torch.Tensor:
+    """The contract's -inf for a row that sees no key, as the kernels' backward reads it:
+    +inf (FlashAttention's convention), so that exp(s - lse) = 0 on that row."""
+    return torch.where(lse == float("-inf"), float("inf"), lse)
+
+
 @BACKEND.implements(Op.ATTENTION_FWD, dtypes=_FLOATS, devices=("cuda",), check=_check,
                     numerics=_numerics(False))
 def attention_fwd(q, k, v, config: AttentionConfig):
@@ -280,6 +303,8 @@ def attention_fwd(q, k, v, config: AttentionConfig):
         if config.layout == "thd" and lse.shape != (q.shape[1], q.shape[0]):
             raise UnsupportedCase(f"adapter: this torch's varlen flash LSE has shape "
                                   f"{tuple(lse.shape)}, not (h, t)")
+        # FlashAttention-2 writes lse = +inf for a row with no key; the contract's is -inf.
+        lse = torch.where(lse == float("inf"), float("-inf"), lse)
     else:
         b, sq, h, _ = qb.shape
         out, lse, *_ = _call(
@@ -289,6 +314,10 @@ def attention_fwd(q, k, v, config: AttentionConfig):
             custom_mask_type=_mask_type(config), compute_log_sumexp=True,
             scale=config.softmax_scale)
         lse = lse[..., :sq]
+        # The efficient kernel writes lse = 0 (not -inf) for a row that sees no key (seen on
+        # an H100 with an all -inf bias row; its out row is 0): mapped to the contract's -inf.
+        empty = _rows_seeing_no_key(config, b, h, sq, kb.shape[1], q.device)
+        lse = torch.where(empty, float("-inf"), lse)
     return _bshd(out, config.layout).contiguous(), lse.contiguous()
 
 
@@ -304,7 +333,8 @@ def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
         left, right = _flash_window(config)
         dq, dk, dv = _call(
             ops.flash_bwd, grad_out=_pad8(dob), query=_pad8(qb), key=_pad8(kb),
-            value=_pad8(vb), out=_pad8(ob), logsumexp=lse.contiguous(), cum_seq_q=cu_q,
+            value=_pad8(vb), out=_pad8(ob), logsumexp=_lse_for_kernel(lse).contiguous(),
+            cum_seq_q=cu_q,
             cum_seq_k=cu_k, max_q=max_q if cu_q is not None else qb.shape[1],
             max_k=max_k if cu_k is not None else kb.shape[1], dropout_p=0.0,
             is_causal=config.causal,
@@ -314,7 +344,7 @@ def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
         dq, dk, dv = dq[..., :q.shape[-1]], dk[..., :k.shape[-1]], dv[..., :v.shape[-1]]
     else:
         b, sq, h, _ = qb.shape
-        lse_padded = F.pad(lse, [0, -(-sq // _LSE_ALIGN) * _LSE_ALIGN - sq])
+        lse_padded = F.pad(_lse_for_kernel(lse), [0, -(-sq // _LSE_ALIGN) * _LSE_ALIGN - sq])
         seed = torch.zeros((), dtype=torch.int64)
         dq, dk, dv, _ = _call(
             ops.efficient_bwd, grad_out_=dob, query=qb, key=kb, value=vb,
