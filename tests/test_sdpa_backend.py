@@ -237,3 +237,9 @@ def test_rows_that_see_no_key_get_the_contracts_lse_both_ways():
 def test_alibi_is_not_sent_to_torchs_flash_build():
     kernel, why = sa.choose_kernel(_params(alibi=True))
     assert kernel is None and "does not support alibi" in why
+
+
+def test_gqa_backward_declares_per_head_partials():
+    numerics = sa._numerics(True)
+    assert numerics(_params(heads_kv=1))["partial_sums_rounded_to"] == torch.float16
+    assert "partial_sums_rounded_to" not in numerics(_params())

@@ -44,6 +44,7 @@ class Model:
     lse_without_max: bool = False
     dk_first_of_group: bool = False
     tf32: bool = False             # every matmul operand rounded to TF32 (fp32 tl.dot on NVIDIA)
+    partials: torch.dtype | None = None  # per-query-head dK / dV rounded before the group sum
 
     def mm(self, a, b):
         return _tf32(a) @ _tf32(b) if self.tf32 else a @ b
@@ -117,8 +118,11 @@ class Model:
         out = torch.zeros(t.shape[0], hk, *t.shape[2:])
         heads = self.heads(hq, hk)
         for h in range(hq):
+            part = t[:, h] if self.partials is None else t[:, h].to(self.partials).float()
             if not first or h % (hq // hk) == 0:
-                out[:, heads[h]] += t[:, h]
+                out[:, heads[h]] += part
+                if self.partials is not None:
+                    out = out.to(self.partials).float()
         return out.transpose(1, 2)
 
 
@@ -175,8 +179,9 @@ def _verdicts(name, cases, ops=(Op.ATTENTION_FWD, Op.ATTENTION_BWD)):
     (Model(tf32=True), {"matmul_input_rounding": "tf32"}, "float32"),
     (Model(tf32=True), {"matmul_input_rounding": "tf32", "accumulator_unit_roundoff": 2.0**-23},
      "float32"),
+    (Model(partials=F16), {"partial_sums_rounded_to": F16}, "float16"),
 ], ids=["fp32", "bf16", "flash-bf16", "flash-fp16", "p-fp16-declared-bf16", "tf32-declared",
-        "tf32-truncating-accumulator"])
+        "tf32-truncating-accumulator", "gqa-partials-fp16-declared"])
 def test_correct_kernels_pass(make_backend, model, numerics, dtype):
     name = _register(make_backend, model, numerics)
     failed = _verdicts(name, _cases(dtype))
@@ -201,9 +206,10 @@ def test_the_torch_backend_passes(dtype):
     (Model(dk_first_of_group=True), {}, "bfloat16", ["dk"]),
     (Model(lse_without_max=True), {}, "float32", ["lse"]),
     (Model(tf32=True), {}, "float32", ["out", "dq"]),                 # TF32, undeclared
+    (Model(partials=BF16), {}, "float32", ["dk", "dv"]),              # GQA partials, undeclared
 ], ids=["no-scale", "diag+1", "diag-1", "window+1", "head-map", "scores-bf16",
         "p-bf16-undeclared", "dk-not-group-summed", "lse-without-max",
-        "tf32-undeclared"])
+        "tf32-undeclared", "gqa-partials-undeclared"])
 def test_wrong_kernels_are_caught(make_backend, model, numerics, dtype, outputs):
     name = _register(make_backend, model, numerics)
     ops = [op for op, names in ((Op.ATTENTION_FWD, {"out", "lse"}),

@@ -55,6 +55,10 @@ from the exact ones, Delta_out and Delta_lse, are measured and propagated, not a
    scale (E_ds |k| + (gamma_n + u_ds + u) |dS||k|), the transposed form for dk, and for dv
    (P rho + eta)^T |dout| + (gamma_n + u_p) P^T |dout|; doubled, then the output rounding.
 
+GQA: a backend that rounds each query head's dK / dV to ``partial_sums_rounded_to`` before
+summing the group (FlashAttention-2) adds g (u_part |magnitude| + half a subnormal step) to
+dK and dV, g the group size: g partial roundings and the additions.
+
 Tensor cores (the declarations tiers/gemm.py reads too): ``accumulator_unit_roundoff``
 replaces u in every matmul reduction's gamma (QK^T, PV and the row sum, dP, dQ, dK, dV), and
 ``matmul_input_rounding = "tf32"`` adds 2 u_tf32 to each of those relative bounds (both
@@ -234,5 +238,14 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
         n_rows = max(n_rows, blk.span.lq * blk.group)
     g_k = r.dot(n_rows, accumulation_gamma) + r.u_ds + r.u
     g_v = r.dot(n_rows, accumulation_gamma) + r.u_p
-    errors = (e_q, e_k + g_k * m_k + n_rows * r.eta * st.scale, e_v + g_v * m_v + n_rows * r.eta)
+    errors = [e_q, e_k + g_k * m_k + n_rows * r.eta * st.scale, e_v + g_v * m_v + n_rows * r.eta]
+    group = q.shape[-2] // max(k.shape[-2], 1)
+    part = numerics.partial_sums_rounded_to
+    if part is not None and group > 1:
+        # Per-query-head dK / dV rounded to ``part`` before the group sum (FlashAttention-2's
+        # GQA backward: dk_expanded in q's dtype, then summed): each of the g partials and
+        # each addition costs u_part of the group's magnitude, or half a subnormal step.
+        u_part, eta_part = unit_roundoff(part), 0.5 * float(ulp(part, 0.0))
+        errors[1] = errors[1] + group * (u_part * m_k + eta_part)
+        errors[2] = errors[2] + group * (u_part * m_v + eta_part)
     return tuple(with_output_rounding(x, SAFETY * e, dtype) for x, e in zip(exact, errors))

@@ -190,6 +190,11 @@ def _numerics(backward: bool):
                "attention_p_rounded_to": dtype}
         if backward:
             out["attention_ds_rounded_to"] = dtype
+            if p["heads_q"] != p["heads_kv"]:
+                # FlashAttention-2's GQA backward writes dK / dV per query head in q's dtype
+                # and sums the group afterwards (its dk_expanded); seen on an H100 as fp16
+                # subnormal dK three steps off, beyond the bound without this declaration.
+                out["partial_sums_rounded_to"] = dtype
         else:
             out["attention_kv_block"] = _DECLARED_KV_BLOCK
         if dtype == torch.float32:
