@@ -17,7 +17,9 @@ Record and check on the same kind of machine: interpreted Triton's fp32 ``tl.dot
 numpy's BLAS, whose summation order depends on the CPU kernel it picks, so a few fp32 GEMM
 metrics (triton vs reference / torch) differ between CPUs while every verdict stays the same.
 The committed baseline was recorded on the CI machine kind (2-core AMD EPYC) at f17e4e1, the
-commit before issue 14's refactor began.
+commit before issue 14's refactor began (683 cases), and re-recorded after issue 15 merged the
+attention family (932 cases: the 683 unchanged, checked first, plus softmax, attention and
+RoPE on every CPU backend).
 """
 from __future__ import annotations
 
