@@ -51,6 +51,9 @@ class Op(str, enum.Enum):
     SOFTMAX_BWD = "softmax_bwd"
     ATTENTION_FWD = "attention_fwd"
     ATTENTION_BWD = "attention_bwd"
+    # FP8 attention (a recipe given): its own op, so a backend takes part only by implementing
+    # it; one that implements plain attention never sees a recipe it would ignore.
+    ATTENTION_FWD_FP8 = "attention_fwd_fp8"
     ROPE_FWD = "rope_fwd"
     ROPE_BWD = "rope_bwd"
 

@@ -213,7 +213,8 @@ def attention_fwd(q, k, v, *, layout: str = "bshd", mask: str = "none",
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
         cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
         recipe=recipe)
-    impl = registry.dispatch(Op.ATTENTION_FWD, params, backend)
+    op = Op.ATTENTION_FWD if recipe is None else Op.ATTENTION_FWD_FP8
+    impl = registry.dispatch(op, params, backend)
     return AttentionFwd(*impl.fn(q, k, v, config))
 
 

@@ -20,8 +20,8 @@ tier as unquantized attention, and a wrong scale or descale changes the dequanti
 themselves, which no bound absorbs (tests/test_aiter_attention.py seeds both).
 
 Cases are the attention strategy's (strategies/attention.py), forward only, with the recipe
-added; the spec drives ``attention_fwd`` (the registry op), so every backend that implements
-it takes part and the ones without FP8 attention refuse the recipe in ``check``.
+added.  The front-end dispatches a recipe case to its own registry op, ``attention_fwd_fp8``
+(this spec's name): only a backend that implements it takes part.
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ import numpy as np
 
 import tealite
 from tealite import recipes as R
-from tealite.types import Op
 from tealite_verify import recipe_rules
 from tealite_verify.specs import OpSpec, register
 from tealite_verify.specs import attention as att
@@ -84,7 +83,7 @@ _SMOKE = (
 
 register(OpSpec(
     name=NAME, family="attention", make_inputs=att._forward_inputs, call=call,
-    reference=reference, cases=cases, smoke_cases=_SMOKE, drives=(Op.ATTENTION_FWD,)))
+    reference=reference, cases=cases, smoke_cases=_SMOKE))
 
 __all__ = ["NAME", "RECIPE", "cases", "dequantized", "make_case", "recipe_of"]
 

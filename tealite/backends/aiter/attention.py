@@ -60,9 +60,6 @@ def _mode(p) -> str:
 
 
 def _semantics_reason(p) -> str | None:
-    if p.get("recipe") is not None:
-        return ("FP8 attention through CK's fmha (FP8 q/k/v with descales) is not wired: "
-                "no recipe is taken")
     if p["dtype"] == torch.bfloat16:
         return ("AITER's CK fmha converts P and its outputs to bf16 by truncation "
                 "(CK_TILE_FLOAT_TO_BFLOAT16_DEFAULT=2 in module_mha_*), which tealite's "

@@ -305,6 +305,8 @@ def _fp8_forward(q, k, v, config: AttentionConfig):
     return _bshd(out, config.layout).contiguous(), lse
 
 
+@BACKEND.implements(Op.ATTENTION_FWD_FP8, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(False), numerics=_numerics(False))
 @BACKEND.implements(Op.ATTENTION_FWD, dtypes=_FLOATS, devices=DEVICES,
                     check=_check_for(False), numerics=_numerics(False))
 def attention_fwd(q, k, v, config: AttentionConfig):

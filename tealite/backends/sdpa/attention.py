@@ -103,8 +103,6 @@ def _call(op, **kwargs):
 # ---- which kernel can run a case ---------------------------------------------------------
 
 def _common_reason(p) -> str | None:
-    if p.get("recipe") is not None:
-        return "no FP8 attention recipe through SDPA's aten ops here (fp16 / bf16 / fp32 only)"
     if p["layout"] != "thd" and p["mask"] in PADDING_MASKS:
         return ("SDPA's kernels take no per-sequence lengths in their batched form (padded "
                 "bshd/sbhd); a padded batch is thd")

@@ -120,6 +120,7 @@ def fp8_dequantized(t: torch.Tensor, recipe) -> torch.Tensor:
     return (codes.float() * scale_inv).reshape(t.shape)
 
 
+@BACKEND.implements(Op.ATTENTION_FWD_FP8, dtypes=_FLOATS, numerics=_NUMERICS)
 @BACKEND.implements(Op.ATTENTION_FWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def attention_fwd(q, k, v, config: AttentionConfig):
     if config.recipe is not None:  # FP8: the fp32 path on the dequantized inputs, out in q's

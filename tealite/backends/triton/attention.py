@@ -113,9 +113,6 @@ def _d_blocks(d_qk: int, d_v: int) -> tuple[int, int]:
 # ---- support and numerics ---------------------------------------------------------------
 
 def _check(p) -> str | None:
-    if p.get("recipe") is not None:
-        # FP8 attention quantizes q / k / v (and P) first: these kernels take them as given.
-        return "no FP8 attention recipe: the kernels read q, k, v in fp16 / bf16 / fp32"
     if max(p["head_dim_qk"], p["head_dim_v"]) > _MAX_HEAD_DIM:
         return (f"head dims up to {_MAX_HEAD_DIM} (one tile of the head dim in registers), got "
                 f"d_qk={p['head_dim_qk']}, d_v={p['head_dim_v']}")
