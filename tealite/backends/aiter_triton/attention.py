@@ -244,6 +244,16 @@ def _thd_reason(config: AttentionConfig) -> str | None:
     return None
 
 
+def _varlen(config: AttentionConfig) -> tuple[int, int, int]:
+    """(batch, max_q, max_k) of a thd case AITER's varlen kernels can run (UnsupportedCase
+    with the reason where only the lengths show it cannot)."""
+    why = _thd_reason(config)
+    if why is not None:
+        raise UnsupportedCase(why)
+    lengths = _lengths(config)
+    return (len(lengths), max(lq for lq, _ in lengths), max(lk for _, lk in lengths))
+
+
 def _alibi(config: AttentionConfig, batch: int):
     s = config.alibi_slopes
     if s is None or s.ndim == 2:
@@ -281,12 +291,7 @@ def _fp8_forward(q, k, v, config: AttentionConfig):
     fp8 = kernels().fp8_dtype
     (q8, dq), (k8, dk), (v8, dv) = (_quantize_per_tensor(t, fp8) for t in (q, k, v))
     if config.layout == "thd":
-        why = _thd_reason(config)
-        if why is not None:
-            raise UnsupportedCase(why)
-        lengths = _lengths(config)
-        batch, max_q, max_k = (len(lengths), max(lq for lq, _ in lengths),
-                               max(lk for _, lk in lengths))
+        batch, max_q, max_k = _varlen(config)
         cu_q, cu_k = config.cu_seqlens_q, config.cu_seqlens_kv
     else:
         q8, k8, v8 = (_bshd(t, config.layout) for t in (q8, k8, v8))
@@ -314,15 +319,11 @@ def attention_fwd(q, k, v, config: AttentionConfig):
         return _fp8_forward(q, k, v, config)
     causal = config.causal
     if config.layout == "thd":
-        why = _thd_reason(config)
-        if why is not None:
-            raise UnsupportedCase(why)
-        lengths = _lengths(config)
+        batch, max_q, max_k = _varlen(config)
         out, lse = _kernels().flash_attn_varlen_func(
-            q, k, v, config.cu_seqlens_q, config.cu_seqlens_kv,
-            max(lq for lq, _ in lengths), max(lk for _, lk in lengths),
+            q, k, v, config.cu_seqlens_q, config.cu_seqlens_kv, max_q, max_k,
             softmax_scale=config.softmax_scale, causal=causal,
-            alibi_slopes=_alibi(config, len(lengths)), return_lse=True)
+            alibi_slopes=_alibi(config, batch), return_lse=True)
         return out, lse.t().contiguous()  # AITER's (t, h) -> (h, t)
     qb, kb, vb = (_bshd(t, config.layout) for t in (q, k, v))
     out, lse = _kernels().flash_attn_func(qb, kb, vb, softmax_scale=config.softmax_scale,
@@ -342,12 +343,7 @@ def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
     layout = config.layout
     dqk, dv_ = q.shape[-1], v.shape[-1]
     if layout == "thd":
-        why = _thd_reason(config)
-        if why is not None:
-            raise UnsupportedCase(why)
-        lengths = _lengths(config)
-        batch, max_q, max_k = (len(lengths), max(lq for lq, _ in lengths),
-                               max(lk for _, lk in lengths))
+        batch, max_q, max_k = _varlen(config)
         cu_q, cu_k = config.cu_seqlens_q, config.cu_seqlens_kv
         lse_k = lse.t().contiguous()  # tealite's (h, t) -> AITER's (t, h)
     else:
