@@ -12,9 +12,9 @@ with.
 """
 from __future__ import annotations
 
-import torch
-
 import dataclasses
+
+import torch
 
 from tealite.attention_types import AttentionConfig, diagonal_offset
 from tealite.backends.torch import BACKEND
@@ -94,8 +94,8 @@ def _heads_first(t: torch.Tensor, group: int = 1) -> torch.Tensor:
 
 
 def _sequences(q, k, v, config):
-    """Yield (index, q slot view, k slot view, v slot view, len_q, len_kv) per sequence;
-    the views are (s, h, d) windows of the inputs (bshd-ordered)."""
+    """Yield (index, q slot, kv slot, q, k, v, len_q, len_kv) per sequence: the slots index
+    the bshd-ordered q / k / v (thd: rows of the packed dim; else batch row and rows)."""
     layout = config.layout
     qb, kb, vb = (_as_bshd(t, layout) for t in (q, k, v))
     if layout == "thd":
