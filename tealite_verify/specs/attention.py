@@ -313,10 +313,10 @@ _SMOKE = (
 
 _PAIRS = tuple((layout, mask) for layout in LAYOUTS for mask in MASKS
                if layout != "thd" or mask.startswith("padding"))
-_COVERAGE = (tuple(c for c in cov.product_cells(cov.layout_cells("layout", LAYOUTS),
-                                                cov.layout_cells("mask", MASKS))
-                   if tuple(c.label.split("+")) in _PAIRS)
-             + cov.layout_cells("bias", BIASES))
+COVERAGE = (tuple(c for c in cov.product_cells(cov.layout_cells("layout", LAYOUTS),
+                                               cov.layout_cells("mask", MASKS))
+                  if tuple(c.label.split("+")) in _PAIRS)
+            + cov.layout_cells("bias", BIASES))
 
 for _name, _bwd, _make, _call, _ref in (
         (Op.ATTENTION_FWD, False, _forward_inputs, fwd_call, fwd_reference),
@@ -324,4 +324,4 @@ for _name, _bwd, _make, _call, _ref in (
     register(OpSpec(
         name=_name, family="attention", make_inputs=_make, call=_call, reference=_ref,
         cases=lambda dtype=None, size="ci", _bwd=_bwd: cases(dtype, size, bwd=_bwd),
-        smoke_cases=_SMOKE, device_reference=True, coverage=_COVERAGE))
+        smoke_cases=_SMOKE, device_reference=True, coverage=COVERAGE))

@@ -83,7 +83,8 @@ _SMOKE = (
 
 register(OpSpec(
     name=NAME, family="attention", make_inputs=att._forward_inputs, call=call,
-    reference=reference, cases=cases, smoke_cases=_SMOKE))
+    reference=reference, cases=cases, smoke_cases=_SMOKE,
+    coverage=att.COVERAGE))  # the attention strategy's cells: every layout x mask, the biases
 
 __all__ = ["NAME", "RECIPE", "cases", "dequantized", "make_case", "recipe_of"]
 
