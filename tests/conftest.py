@@ -54,3 +54,15 @@ def triton_device():
     if torch.cuda.is_available():
         return "cuda"
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1 (Triton's CPU interpreter)")
+
+
+# ---- order-independent global RNG ------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _seed_torch_per_test(request):
+    """Seed torch's global generator from the test's own id, so a test that draws with
+    ``torch.randn`` sees the same values whichever tests ran before it (a CI run once failed
+    only because the order of earlier tests changed a draw)."""
+    import zlib
+
+    import torch
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))

@@ -168,12 +168,19 @@ def calls(monkeypatch):
 
 
 def _within_one_fp16_rounding(got, want):
-    """Both sides round an fp32 / float64 value to fp16 once: they agree within one fp16
-    ulp of the larger magnitude (plus fp32 noise far below it)."""
+    """Both sides round a float64 (fake) / fp32 (torch backend) value to fp16 once: they
+    agree within one fp16 ulp of the larger magnitude, plus the torch side's fp32 error.
+
+    That fp32 error is relative to the magnitude of the summed terms, not of the result: a
+    gradient entry that cancels to ~1e-4 out of O(1) terms carries ~1e-7 of fp32 noise,
+    more than its own fp16 ulp (a CI run hit 1.8e-7 at -8.4e-5).  The slack is 16 fp32
+    unit roundoffs of the tensor's largest entry, standing in for the terms' size (the
+    sums here have at most 16 terms)."""
     mag = torch.maximum(got.double().abs(), want.double().abs())
     ulp = torch.where(mag > 0, 2.0 ** (torch.floor(torch.log2(mag.clamp_min(2 ** -14))) - 10),
                       torch.zeros_like(mag))
-    assert ((got.double() - want.double()).abs() <= ulp * 1.001 + 1e-7).all()
+    fp32_noise = 16 * 2.0 ** -24 * float(mag.max()) if mag.numel() else 0.0
+    assert ((got.double() - want.double()).abs() <= ulp * 1.001 + fp32_noise).all()
 
 
 def _inputs(layout, sq, sk, hq=4, hk=2, d=16, seed=0):
@@ -198,7 +205,7 @@ def test_batch_mode_matches_torch(calls, layout, mask, kw):
     extra = {"window": kw.get("window", (-1, -1))}
     sq, sk = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[0], k.shape[0])
     if kw.get("bias"):
-        extra["bias"] = torch.randn(1, 1, sq, sk).half()
+        extra["bias"] = torch.randn(1, 1, sq, sk, generator=torch.Generator().manual_seed(2)).half()
     if kw.get("alibi"):
         extra["alibi_slopes"] = torch.tensor([0.5, 0.25, 0.125, 0.0625])
     args = dict(layout=layout, mask=mask, **extra)
