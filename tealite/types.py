@@ -56,6 +56,22 @@ class Op(str, enum.Enum):
     ATTENTION_FWD_FP8 = "attention_fwd_fp8"
     ROPE_FWD = "rope_fwd"
     ROPE_BWD = "rope_bwd"
+    # MoE (contract: tealite/moe_types.py).
+    GROUPED_GEMM = "grouped_gemm"
+    GROUPED_QGEMM = "grouped_qgemm"
+    GROUPED_QUANTIZE = "grouped_quantize"
+    ROUTER_FWD = "router_fwd"
+    ROUTER_BWD = "router_bwd"
+    ROUTER_AUX_SCORES_FWD = "router_aux_scores_fwd"
+    ROUTER_AUX_SCORES_BWD = "router_aux_scores_bwd"
+    MOE_AUX_LOSS_FWD = "moe_aux_loss_fwd"
+    MOE_AUX_LOSS_BWD = "moe_aux_loss_bwd"
+    MOE_PERMUTE = "moe_permute"
+    MOE_UNPERMUTE = "moe_unpermute"
+    MOE_UNPERMUTE_BWD = "moe_unpermute_bwd"
+    MOE_SORT_CHUNKS = "moe_sort_chunks"
+    MOE_PAD_ROWS = "moe_pad_rows"
+    MOE_UNPAD_ROWS = "moe_unpad_rows"
 
     # str() and f-strings give the plain name (Python 3.11 would give "Op.GEMM"): messages,
     # reasons and stored reports read as they did when ops were strings.
