@@ -30,7 +30,7 @@ from tealite import registry
 from tealite_verify import coverage
 
 ENV_VAR = "TEALITE_FINDINGS"
-KINDS = ("mismatch", "error", "crash", "hang")
+KINDS = ("mismatch", "error", "crash", "hang", "graph-replay")
 
 
 def now_iso() -> str:
@@ -78,7 +78,7 @@ def shape_summary(case: dict) -> str:
 
 @dataclass
 class Finding:
-    kind: str              # "mismatch" | "error" | "crash" | "hang"
+    kind: str              # "mismatch" | "error" | "crash" | "hang" | "graph-replay"
     op: str
     backends: list[str]    # the backend(s) involved, e.g. ["triton"] or ["triton", "torch"]
     output: str | None     # failing output name (mismatch) else None
@@ -288,4 +288,7 @@ def replay(path_or_finding, *, backends=None, device: str | None = None):
         load_finding(path_or_finding)
     names = list(backends) if backends is not None else list(f.backends)
     _ensure_backends(names, f.versions)
-    return run_case(get_spec(f.op), f.case, backends=names, device=device or f.device)
+    # A graph-replay finding replays with the check on (its replay count recorded).
+    replays = f.metrics.get("graph_replay") if f.kind == "graph-replay" else "env"
+    return run_case(get_spec(f.op), f.case, backends=names, device=device or f.device,
+                    graph_replay=replays)

@@ -132,7 +132,8 @@ def _error_type(reason: str | None) -> str:
 
 def classify(rep, device: str, versions: dict, seed) -> list:
     """The findings in a failing CaseReport: each backend error, each failed comparison with
-    the reference, and pairwise disagreements between backends that both pass the reference."""
+    the reference, pairwise disagreements between backends that both pass the reference, and
+    each graph-replay failure."""
     from tealite_verify.fuzz.findings import new_finding
     out = []
     for o in rep.errors:
@@ -153,6 +154,14 @@ def classify(rep, device: str, versions: dict, seed) -> list:
         out.append(new_finding("mismatch", rep.op, names, rep.case, device, output=c.output,
                                detail=f"{c.lhs} vs {vs} [{c.output}]: {c.metrics.summary()}",
                                metrics=m, versions=versions, seed=seed))
+    for r in getattr(rep, "replay_failures", ()):
+        # Its own kind (tealite_verify/graph_replay.py): the tensor is the output, the stage
+        # and replay index are in the metrics and the detail.
+        out.append(new_finding("graph-replay", rep.op, [r.backend], rep.case, device,
+                               output=r.tensor, detail=r.summary(),
+                               metrics={"graph_replay": rep.graph_replay, "stage": r.stage,
+                                        "replay": r.replay},
+                               error_type=r.stage, versions=versions, seed=seed))
     return out
 
 
