@@ -130,6 +130,14 @@ class CaseReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._to_dict()
+        if self.graph_replay is not None:  # keys only where the check ran: reports stay as
+            d.update(graph_replay=self.graph_replay,  # they were without it
+                     replay_failures=[f.to_dict() for f in self.replay_failures],
+                     replay_notes=list(self.replay_notes))
+        return d
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "op": self.op, "case": self.case, "device": self.device, "verdict": self.verdict,
             "outcomes": {k: {"status": o.status, "reason": o.reason,
@@ -140,9 +148,6 @@ class CaseReport:
             "repro": self.repro(),
             "timings": dict(self.timings),
             "probabilistic": self.probabilistic, "graded_verdict": self.graded_verdict,
-            "graph_replay": self.graph_replay,
-            "replay_failures": [f.to_dict() for f in self.replay_failures],
-            "replay_notes": list(self.replay_notes),
         }
 
 

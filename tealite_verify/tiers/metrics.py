@@ -51,6 +51,7 @@ class Tier(str, enum.Enum):
     ABSENT = "absent"                  # an output that must (or may) be missing
     ABSENT_PAIR = "absent-pair"
     MALFORMED = "malformed"            # dtype / shape / presence broken: nothing to judge
+    MOE_LAYER = "moe-layer"            # composed MoE layer, bound propagated (tiers/moe_layer.py)
 
     # Two labels carry the declared ``fp32_div_ulps`` (tiers/fp32_div.py): "div-<n>ulp" for
     # scale_inv and "recip-<n>ulp" for codes.  They are members made on first use, so that a
