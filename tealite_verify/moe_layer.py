@@ -72,7 +72,7 @@ class LayerStages:
     """One backend's stages.  ``row_map`` is whatever permute returns for unpermute to read.
 
     router_fwd(logits, topk) -> (probs (T, E), routing_map (T, E) bool)
-    router_bwd(dprobs, probs, routing_map, logits) -> dlogits (logits' dtype)
+    router_bwd(dprobs, probs, routing_map, logits, topk) -> dlogits (logits' dtype)
     permute(x, routing_map) -> (xp, row_map, m_splits)
     unpermute(h, row_map, probs | None, tokens) -> (T, H)   (probs: merged; None: summed)
     unpermute_bwd(dy, h, row_map, probs) -> (dh, dprobs)
@@ -88,6 +88,7 @@ class LayerStages:
     grouped_gemm: Callable
     act_fwd: Callable
     act_bwd: Callable
+    # What the stages declare, per input dtype (tiers/moe_layer.py).
     numerics: Callable[[torch.dtype], LayerNumerics] = LayerNumerics
 
 
@@ -108,7 +109,7 @@ def run_layer(stages: LayerStages, inputs: dict, case: LayerCase) -> dict:
     dxp = stages.grouped_gemm(w1, dh1, splits, "NN")
     dw1 = stages.grouped_gemm(xp, dh1, splits, "NT")
     dx = stages.unpermute(dxp, row_map, None, x.shape[0])
-    dlogits = stages.router_bwd(dprobs, probs, rmap, logits)
+    dlogits = stages.router_bwd(dprobs, probs, rmap, logits, case.topk)
     return {"y": y, "dx": dx, "dw1": dw1, "dw2": dw2, "dlogits": dlogits, "probs": probs,
             "routing_map": rmap}
 
@@ -153,7 +154,7 @@ def _router_fwd(logits, topk):
     return torch.softmax(sel, dim=1), rmap
 
 
-def _router_bwd(dprobs, probs, rmap, logits):
+def _router_bwd(dprobs, probs, rmap, logits, topk):
     dp, p = dprobs.float(), probs.float()
     inner = (p * dp).sum(dim=1, keepdim=True)
     return torch.where(rmap, p * (dp - inner), torch.zeros_like(dp)).to(logits.dtype)
@@ -210,3 +211,33 @@ def torch_stages(backend: str = "torch") -> LayerStages:
         unpermute=_unpermute, unpermute_bwd=_unpermute_bwd, grouped_gemm=_grouped_gemm,
         act_fwd=lambda h, kind: tealite.act_fwd(h, kind, backend=backend),
         act_bwd=lambda da, h, kind: tealite.act_bwd(da, h, kind, backend=backend))
+
+
+# --- tealite's ops, one backend end to end ----------------------------------------------------
+
+def tealite_stages(backend: str = "torch") -> LayerStages:
+    """The layer through tealite's front-ends (router_fwd / bwd, moe_permute, moe_unpermute /
+    _bwd, grouped_gemm, act_fwd / bwd), every stage on ``backend``.  The router's probs are in
+    the logits' dtype (tealite.ops.router), so is everything the backward derives from them."""
+    def permute(x, rmap):
+        p = tealite.moe_permute(x, rmap, map_type="mask", backend=backend)
+        return p.out, p.row_id_map, list(p.row_id_map.tokens_per_expert)
+
+    def unpermute(h, row_map, probs, tokens):
+        return tealite.moe_unpermute(h, row_map, merging_probs=probs, backend=backend)
+
+    def unpermute_bwd(dy, h, row_map, probs):
+        g = tealite.moe_unpermute_bwd(dy, row_map, permuted=h, merging_probs=probs,
+                                      backend=backend)
+        return g.grad_permuted, g.grad_probs
+
+    return LayerStages(
+        router_fwd=lambda logits, k: tealite.router_fwd(logits, k, backend=backend),
+        router_bwd=lambda dp, probs, rmap, logits, k: tealite.router_bwd(
+            dp, logits, rmap, k, backend=backend),
+        permute=permute, unpermute=unpermute, unpermute_bwd=unpermute_bwd,
+        grouped_gemm=lambda a, b, splits, layout: tealite.grouped_gemm(
+            a, b, splits, layout=layout, backend=backend),
+        act_fwd=lambda h, kind: tealite.act_fwd(h, kind, backend=backend),
+        act_bwd=lambda da, h, kind: tealite.act_bwd(da, h, kind, backend=backend),
+        numerics=lambda dtype: LayerNumerics(dtype, probs_dtype=dtype))

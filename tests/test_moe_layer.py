@@ -23,7 +23,7 @@ CASES = [ml.LayerCase(12, 16, 8, 4, 2, "bfloat16", seed=1),
 def _judge(stages, case):
     inputs = ml.make_inputs(case)
     out = ml.run_layer(stages, inputs, case)
-    return ml.check_layer(out, inputs, case, LayerNumerics(case.torch_dtype))
+    return ml.check_layer(out, inputs, case, stages.numerics(case.torch_dtype))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-{c.tokens}x{c.experts}")
@@ -66,7 +66,7 @@ def _act_rounded_to_fp8(h, kind):
     return a.to(torch.float8_e4m3fn).to(a.dtype)
 
 
-def _router_bwd_without_softmax_term(dprobs, probs, rmap, logits):
+def _router_bwd_without_softmax_term(dprobs, probs, rmap, logits, topk):
     return torch.where(rmap, probs * dprobs.float(), 0.0).to(logits.dtype)
 
 
