@@ -10,6 +10,8 @@ from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.rope import rope_bwd, rope_fwd
+from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_scores_bwd,
+                                router_aux_scores_fwd, router_bwd, router_fwd)
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
 from tealite.ops.softmax import softmax_bwd, softmax_fwd
@@ -27,4 +29,6 @@ __all__ = [
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
     "rope_fwd", "rope_bwd",
     "softmax_fwd", "softmax_bwd",
+    "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
+    "moe_aux_loss_fwd", "moe_aux_loss_bwd",
 ]
