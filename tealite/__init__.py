@@ -11,6 +11,8 @@ from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.rope import rope_bwd, rope_fwd
+from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_scores_bwd,
+                                router_aux_scores_fwd, router_bwd, router_fwd)
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
 from tealite.ops.softmax import softmax_bwd, softmax_fwd
@@ -29,4 +31,6 @@ __all__ = [
     "rope_fwd", "rope_bwd",
     "softmax_fwd", "softmax_bwd",
     "grouped_gemm", "grouped_qgemm",
+    "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
+    "moe_aux_loss_fwd", "moe_aux_loss_bwd",
 ]

@@ -34,6 +34,7 @@ Router (TE's ``fused_topk_with_score_function``), see :class:`ScoreFunction`.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import torch
@@ -102,3 +103,61 @@ class ScaledOperand(NamedTuple):
 
     codes: torch.Tensor
     scales: torch.Tensor | None
+
+# --- router (tealite/ops/router.py) -----------------------------------------------------
+
+class TieRule(str, enum.Enum):
+    """Which expert a backend's top-k picks among equal scores (a backend declares it in its
+    numerics as ``topk_ties``; undeclared means unspecified: any of the tied experts)."""
+
+    LOWEST_INDEX = "lowest_index"   # among equal scores, the lowest expert index first
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The router's options, validated by tealite/ops/router.py (TE's
+    ``fused_topk_with_score_function`` arguments other than the tensors).
+
+    ``num_groups`` / ``group_topk`` (both or neither): group-limited top-k, the experts cut
+    into ``num_groups`` consecutive groups, a group's score the sum of its best
+    ``topk // group_topk`` routing scores, the top-k taken over the best ``group_topk``
+    groups' experts.  ``scaling_factor`` None means 1."""
+
+    topk: int
+    score_function: ScoreFunction = ScoreFunction.SOFTMAX
+    use_pre_softmax: bool = False
+    num_groups: int | None = None
+    group_topk: int | None = None
+    scaling_factor: float | None = None
+
+    @property
+    def grouped(self) -> bool:
+        return self.group_topk is not None
+
+    @property
+    def per_group(self) -> int:
+        """How many of a group's best scores make its group score."""
+        return self.topk // self.group_topk if self.grouped else self.topk
+
+    @property
+    def scale(self) -> float:
+        return 1.0 if self.scaling_factor is None else float(self.scaling_factor)
+
+    @property
+    def selects_on_logits(self) -> bool:
+        """Softmax after the top-k: the selection reads the raw logits."""
+        return self.score_function == ScoreFunction.SOFTMAX and not self.use_pre_softmax
+
+    @property
+    def normalises(self) -> bool:
+        """Sigmoid with topk > 1: the chosen scores are divided by their sum (+ 1e-20)."""
+        return self.score_function == ScoreFunction.SIGMOID and self.topk > 1
+
+
+# TE's epsilon in the sigmoid normalisation ``s / (sum s + eps)``.
+SIGMOID_NORM_EPS = 1e-20

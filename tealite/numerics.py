@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
+from tealite.moe_types import TieRule
+
 # The alignment_floor value for FP8 GEMMs whose tensor cores align products at the FP8
 # codes' exponents, before their scales (Hopper's FP8 WGMMA; docs/false-alarms.md).
 FP8_CODE_ALIGNMENT = "fp8_codes"
@@ -101,6 +103,12 @@ class Numerics:
     # (half an ulp of 1; default 2: libm quality, measured <= 1.2 for numpy's and torch's CPU
     # cos / sin up to |f| = 3e7).  Hardware approximations (sin.approx.f32) declare more.
     trig_ulps: float | None = None
+
+    # --- router (top-k) ----------------------------------------------------------------
+    # which expert the top-k picks among equal scores: TieRule.LOWEST_INDEX, checked exactly
+    # by the router tier; None: unspecified (any of the tied experts is accepted).  The
+    # scores' own rounding comes from compute_dtype and exp_ulps.
+    topk_ties: TieRule | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -32,6 +32,8 @@ class Tier(str, enum.Enum):
     ATTENTION_PAIR = "attention-pair"
     SOFTMAX = "softmax"                # softmax fwd / bwd (tiers/softmax.py)
     SOFTMAX_PAIR = "softmax-pair"
+    ROUTER = "router"                  # MoE router: selection, weights, aux loss (router.py)
+    ROUTER_PAIR = "router-pair"
     E8M0_ADJUSTED = "e8m0-adjusted"    # MX scales and codes (tiers/e8m0_adjusted.py)
     E8M0_ADJUSTED_PAIR = "e8m0-adjusted-pair"
     FP4_TIES = "fp4-ties"              # MX codes with hardware FP4 ties (tiers/fp4_ties.py)
