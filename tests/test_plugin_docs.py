@@ -24,6 +24,7 @@ import torch
 from tealite import recipes as R
 from tealite import registry
 from tealite.attention_types import AttentionConfig
+from tealite.moe_types import MapType, RowIdMap
 from tealite.ops.quantize import QuantizedTensor
 from tealite.registry import Backend, register_backend, unregister_backend
 from tealite_verify.runner import run_case
@@ -38,7 +39,7 @@ RECORDER = "doc_recorder"
 TYPES = {"Tensor": torch.Tensor, "torch": torch, "Optional": Optional, "tuple": tuple,
          "dict": dict, "int": int, "float": float, "bool": bool, "str": str,
          "QuantizedTensor": QuantizedTensor, "DelayedScaling": R.DelayedScaling,
-         "AttentionConfig": AttentionConfig,
+         "AttentionConfig": AttentionConfig, "MapType": MapType, "RowIdMap": RowIdMap,
          "Recipe": Union[R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
                          R.MXBlockScaling]}
 
