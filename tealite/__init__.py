@@ -10,6 +10,9 @@ from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_
                                  unshuffle_weight)
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
+from tealite.ops.permute import (PaddedRows, Permuted, SortedChunks, UnpermuteGrads,
+                                 moe_pad_rows, moe_permute, moe_sort_chunks, moe_unpad_rows,
+                                 moe_unpermute, moe_unpermute_bwd)
 from tealite.ops.rope import rope_bwd, rope_fwd
 from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_scores_bwd,
                                 router_aux_scores_fwd, router_bwd, router_fwd)
@@ -29,6 +32,8 @@ __all__ = [
     "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
     "rope_fwd", "rope_bwd",
+    "moe_permute", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks", "moe_pad_rows",
+    "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks", "PaddedRows",
     "softmax_fwd", "softmax_bwd",
     "grouped_gemm", "grouped_qgemm",
     "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
