@@ -15,8 +15,9 @@ The check, for one op call ``call(inputs) -> {name: tensor}`` on one backend:
    (stage "eager": an output aliases memory later work writes).
 4. capture the same call on static inputs with the :class:`CaptureEngine`; a capture that
    raises is a failure of stage "capture" (e.g. a host synchronization inside the op).
-5. ``replays`` times: disturb, replay, disturb again, then compare every static output with the
-   eager snapshot, bitwise (stage "replay", naming the replay index and the tensor).  Equality
+5. ``replays`` times: disturb, copy the inputs into the static input buffers (as a graph's
+   caller does; an op accumulating into an input starts afresh), replay, disturb again, then
+   compare every static output with the eager snapshot, bitwise (stage "replay", naming the replay index and the tensor).  Equality
    to the eager snapshot on every replay is also bit-identity across replays.
 
 Comparisons are of bit patterns (NaN payloads included), never of values with a tolerance:
@@ -202,6 +203,14 @@ def _clone(inputs: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
+def _refill(static: dict, inputs: dict) -> None:
+    """Copy the case's inputs into the static input buffers, as a graph's caller does before
+    each replay."""
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            static[k].copy_(v)
+
+
 def perturbed(inputs: dict) -> dict:
     """Other inputs of the same shapes: floating tensors of 2+ bytes rolled by one along their
     first axis and halved (exact), the rest copied.  Used only as other work between replays:
@@ -313,6 +322,7 @@ def check(call: Call, inputs: dict, *, backend: str, device: str = "cpu",
         return failures
     for i in range(replays):
         disturb()
+        _refill(static, inputs)  # an op that writes an input (accumulate=True) starts afresh
         try:
             captured.replay()
         except Exception as exc:

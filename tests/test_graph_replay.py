@@ -204,3 +204,13 @@ def test_real_cuda_graphs_catch_the_shared_workspace():
                     engine=engine) == []
     failures = gr.check(buggy_op, inputs, backend="bad", device="cuda", engine=engine)
     assert any(f.stage in ("replay", "capture") for f in failures)
+
+
+def test_the_grouped_gemm_replays_by_default_on_gpus_and_passes_here():
+    """Issue 16 part 6: the grouped GEMM's fprop / dgrad / wgrad (accumulating into ``out``
+    too: the static inputs are refilled before each replay) replay bit-identically."""
+    spec = get_spec("grouped_gemm")
+    assert spec.graph_replay.by_default
+    for case in spec.smoke_cases:
+        rep = run_case(spec, case, backends=["torch"], graph_replay=2)
+        assert rep.verdict == "pass" and rep.replay_failures == [], rep.describe()

@@ -26,9 +26,13 @@ def _judge(stages, case):
     return ml.check_layer(out, inputs, case, stages.numerics(case.torch_dtype))
 
 
+STAGES = {"plain torch": ml.torch_stages, "tealite ops (torch backend)": ml.tealite_stages}
+
+
+@pytest.mark.parametrize("stages", sorted(STAGES))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-{c.tokens}x{c.experts}")
-def test_the_torch_composition_passes(case):
-    metrics = _judge(ml.torch_stages(), case)
+def test_a_correct_composition_passes(case, stages):
+    metrics = _judge(STAGES[stages](), case)
     assert all(m.passed for m in metrics.values()), {k: m.summary() for k, m in
                                                      metrics.items() if not m.passed}
     # Not vacuous: the bf16 / fp16 bound is within a small factor of the error it allows.
@@ -79,10 +83,18 @@ WRONG = {
 }
 
 
+def _tealite_unpermute_without_probs(h, row_map, probs, tokens):
+    return ml.tealite_stages().unpermute(h, row_map, None, tokens)
+
+
+WRONG["tealite: probs not applied"] = (dict(unpermute=_tealite_unpermute_without_probs), "y")
+
+
 @pytest.mark.parametrize("name", sorted(WRONG))
 def test_a_wrong_stage_is_caught(name):
     change, output = WRONG[name]
-    stages = dataclasses.replace(ml.torch_stages(), **change)
+    base = ml.tealite_stages() if name.startswith("tealite") else ml.torch_stages()
+    stages = dataclasses.replace(base, **change)
     metrics = _judge(stages, CASES[0])
     assert not metrics[output].passed, metrics[output].summary()
     assert metrics["routing_map"].passed
@@ -102,3 +114,13 @@ def test_bad_cases_name_the_argument():
         ml.LayerCase(4, 8, 4, 2, 3)
     with pytest.raises(ValueError, match="dtype must be one of"):
         ml.LayerCase(4, 8, 4, 2, 1, "float64")
+
+
+def test_the_spec_runs_the_layer_and_declares_it_not_capturable():
+    from tealite_verify.runner import run_case
+    from tealite_verify.specs import get_spec
+    spec = get_spec("moe_layer")
+    rep = run_case(spec, spec.smoke_cases[0], backends=["torch"], graph_replay=2)
+    assert rep.verdict == "pass", rep.describe()
+    assert {c.output for c in rep.comparisons} == {"routing_map", *ml.OUTPUTS}
+    assert "not capturable" in rep.replay_notes[0]

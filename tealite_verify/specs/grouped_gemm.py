@@ -21,6 +21,7 @@ from tealite.errors import UnsupportedCase
 from tealite.moe_types import GROUPED_LAYOUTS, split_offsets, splits_k
 from tealite.types import Op
 from tealite_verify import coverage as cov
+from tealite_verify.graph_replay import GraphReplayPolicy
 from tealite_verify.references import grouped_gemm as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.choices import pick
@@ -198,4 +199,7 @@ SPEC = register(OpSpec(
         make_case("NT", "bfloat16", [0, 0], 8, 1, m=4),
         make_case("TN", "bfloat16", [2, 3, 5, 7, 11], 31, 29, accumulate=True, bias=True),
     ),
+    # Issue 16 part 6: fprop, dgrad and wgrad replayed in a CUDA graph on every GPU case (TE
+    # PR 3171's shared-workspace bug class; tealite_verify/graph_replay.py).
+    graph_replay=GraphReplayPolicy(by_default=True),
 ))
