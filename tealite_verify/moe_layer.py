@@ -11,6 +11,7 @@ composition (fp32 compute, intermediates stored in the input dtype, activations 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -90,6 +91,10 @@ class LayerStages:
     act_bwd: Callable
     # What the stages declare, per input dtype (tiers/moe_layer.py).
     numerics: Callable[[torch.dtype], LayerNumerics] = LayerNumerics
+    # A fused expert FFN, forward only (AITER's fused MoE): fused_forward(x, w1, w2,
+    # topk_weights (T, k), topk_ids (T, k), kind) -> y.  With it run_layer runs the router and
+    # this, and the layer is judged on y, probs and the routing map.
+    fused_forward: Callable | None = None
 
 
 def run_layer(stages: LayerStages, inputs: dict, case: LayerCase) -> dict:
@@ -97,6 +102,10 @@ def run_layer(stages: LayerStages, inputs: dict, case: LayerCase) -> dict:
     routing map."""
     x, logits, w1, w2, dy = (inputs[k] for k in ("x", "logits", "w1", "w2", "dy"))
     probs, rmap = stages.router_fwd(logits, case.topk)
+    if stages.fused_forward is not None:
+        ids, weights = topk_slots(probs, rmap, case.topk)
+        y = stages.fused_forward(x, w1, w2, weights, ids, case.kind)
+        return {"y": y, "probs": probs, "routing_map": rmap}
     xp, row_map, splits = stages.permute(x, rmap)
     h1 = stages.grouped_gemm(w1, xp, splits, "TN")
     a = stages.act_fwd(h1, case.kind)
@@ -112,6 +121,13 @@ def run_layer(stages: LayerStages, inputs: dict, case: LayerCase) -> dict:
     dlogits = stages.router_bwd(dprobs, probs, rmap, logits, case.topk)
     return {"y": y, "dx": dx, "dw1": dw1, "dw2": dw2, "dlogits": dlogits, "probs": probs,
             "routing_map": rmap}
+
+
+def topk_slots(probs: torch.Tensor, rmap: torch.Tensor, topk: int):
+    """(topk_ids (T, k) int32, topk_weights (T, k) float32) of a routing map, each token's
+    experts in ascending order: the form fused-MoE kernels take."""
+    ids = torch.nonzero(rmap)[:, 1].view(rmap.shape[0], topk)
+    return ids.to(torch.int32), torch.gather(probs, 1, ids).float()
 
 
 def _routing_metrics(got_map: np.ndarray, logits: np.ndarray, topk: int) -> Metrics:
@@ -138,7 +154,7 @@ def check_layer(outputs: dict, inputs: dict, case: LayerCase,
                  numerics)
     want = {"y": r["y"], "dx": r["dx"], "dw1": r["dw1"], "dw2": r["dw2"],
             "dlogits": r["dlogits"], "probs": r["probs"]}
-    for name in OUTPUTS:
+    for name in (n for n in OUTPUTS if n in outputs):  # a fused forward has y and probs
         dtype = numerics.probs_dtype if name == "probs" else numerics.io_dtype
         out[name] = bounded.judge(outputs[name], want[name], tol[name], dtype, Tier.MOE_LAYER)
     return out
@@ -241,3 +257,31 @@ def tealite_stages(backend: str = "torch") -> LayerStages:
         act_fwd=lambda h, kind: tealite.act_fwd(h, kind, backend=backend),
         act_bwd=lambda da, h, kind: tealite.act_bwd(da, h, kind, backend=backend),
         numerics=lambda dtype: LayerNumerics(dtype, probs_dtype=dtype))
+
+
+# --- AITER's fused expert FFN (forward only) --------------------------------------------------
+
+def fused_stages(fused_experts: Callable, numerics: Callable[[torch.dtype], LayerNumerics]
+                 ) -> LayerStages:
+    """The torch router and a backend's fused expert FFN ``fused_experts(x, w1, w2,
+    topk_weights, topk_ids, kind=)``; judged forward only."""
+    base = torch_stages()
+    return dataclasses.replace(
+        base, numerics=numerics,
+        fused_forward=lambda x, w1, w2, w, ids, kind: fused_experts(x, w1, w2, w, ids,
+                                                                    kind=kind))
+
+
+def aiter_triton_stages() -> LayerStages:
+    """AITER's Triton ``fused_moe`` (tealite/backends/aiter_triton/moe.py): each weighted row
+    rounded before the slot sum, as its contract declares."""
+    from tealite.backends.aiter_triton.moe import fused_experts
+    return fused_stages(fused_experts, lambda dt: LayerNumerics(dt, weighted_rows_rounded=True))
+
+
+def aiter_ck_stages() -> LayerStages:
+    """AITER's CK / ASM ``fused_moe`` (tealite/backends/aiter/moe.py, ROCm): weighted rows
+    rounded and summed in the dtype (stage 2 adds them into the output), as declared."""
+    from tealite.backends.aiter.moe import fused_experts
+    return fused_stages(fused_experts, lambda dt: LayerNumerics(
+        dt, weighted_rows_rounded=True, merge_in_io_dtype=True))

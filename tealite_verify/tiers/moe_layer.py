@@ -26,7 +26,9 @@ rnd(v) = u_io M(v) + the dtype's smallest normal):
   0.5: E_dg <= 1.1 (E_da M(v) + |da| E_v) + 0.5 |da| |v| E_g, E_dv <= E_da (|silu(g)| +
   1.1 E_g) + 1.1 |da| E_g; own (exp_ulps + 8) u_c M + rnd.
 * unpermute with probs, y = Σ_e p h2: propagated Σ (E_p M(h2) + |p| E_h2); own γ_{k+1} Σ M(p)
-  M(h2) + rnd.  Its backward dh2 = p dy (E_p |dy| + u_c M + rnd) and dprobs = <dy, h2> over
+  M(h2) + rnd; a fused FFN that rounds each weighted row first adds u_io Σ M(p) M(h2)
+  (``weighted_rows_rounded``), one that sums in the dtype uses γ_{k+1}(u_io)
+  (``merge_in_io_dtype``).  Its backward dh2 = p dy (E_p |dy| + u_c M + rnd) and dprobs = <dy, h2> over
   H (|dy| E_h2 summed + γ_H |dy| M(h2) + rnd).
 * router backward dl = p (dp - Σ p dp): propagated E_p (M(dp) + M(s)) + |p| (E_dp + E_s)
   with E_s = Σ (E_p M(dp) + |p| E_dp); own (γ_k + 2 u_c) M(p) (M(dp) + M(s)) + rnd.
@@ -62,6 +64,10 @@ class LayerNumerics:
     probs_dtype: torch.dtype = torch.float32
     accumulator_u: float = unit_roundoff(torch.float32)
     exp_ulps: int = 2
+    # A fused expert FFN (AITER's fused MoE) rounds each weighted row p * h2 to the dtype
+    # before a token's rows are summed; and may sum them in the dtype itself (atomic adds).
+    weighted_rows_rounded: bool = False
+    merge_in_io_dtype: bool = False
 
 
 def _rnd(mag, dtype) -> np.ndarray:
@@ -122,7 +128,12 @@ def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics) -> dic
     e_h2 = _gemm(e_a, m_a, w2a, f, u, np.abs(h2), io, tn)
     m_h2 = np.abs(h2) + e_h2
     y_prop = ref.unpermute(e_pr[:, None] * m_h2 + pr[:, None] * e_h2, rt, None, tokens)
-    y_own = gamma(topk + 1, u) * ref.unpermute((pr + e_pr)[:, None] * m_h2, rt, None, tokens)
+    terms = ref.unpermute((pr + e_pr)[:, None] * m_h2, rt, None, tokens)
+    u_merge = unit_roundoff(io) if num.merge_in_io_dtype else u
+    y_own = (gamma(topk + 1, max(u, u_merge)) +
+             (unit_roundoff(io) if num.weighted_rows_rounded else 0.0)) * terms
+    if num.weighted_rows_rounded:
+        y_own = y_own + topk * underflow_error(io)
     e_y = y_prop + y_own + _rnd(np.abs(r["y"]) + y_prop + y_own, io)
     # backward: unpermute's, fc2's, the activation's, fc1's, permute's, the router's
     dya = np.abs(dy)
