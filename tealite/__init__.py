@@ -10,6 +10,7 @@ from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_
                                  unshuffle_weight)
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
+from tealite.ops.moe_ffn import moe_ffn_fwd
 from tealite.ops.permute import (PaddedRows, Permuted, SortedChunks, UnpermuteGrads,
                                  moe_pad_rows, moe_permute, moe_sort_chunks, moe_unpad_rows,
                                  moe_unpermute, moe_unpermute_bwd)
@@ -34,6 +35,7 @@ __all__ = [
     "rope_fwd", "rope_bwd",
     "moe_permute", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks", "moe_pad_rows",
     "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks", "PaddedRows",
+    "moe_ffn_fwd",
     "softmax_fwd", "softmax_bwd",
     "grouped_gemm", "grouped_qgemm",
     "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",

@@ -278,3 +278,21 @@ def chunk_source_rows(split_sizes: Sequence[int], sorted_index: Sequence[int]) -
     for c in sorted_index:
         src.extend(range(offsets[c], offsets[c + 1]))
     return src
+
+
+# ---- The expert FFN forward (tealite/ops/moe_ffn.py) ----------------------------------------
+
+class MoEMerge(str, enum.Enum):
+    """How a backend merges a token's k weighted expert rows p * h2 (``numerics.moe_merge``;
+    undeclared: the products in fp32, summed in fp32, one rounding to the dtype)."""
+
+    # each weighted row rounded to the dtype first, then summed in fp32 (AITER's Triton
+    # fused_moe with mul_routed_weight: the weight multiplies the fp32 accumulator)
+    ROWS_ROUNDED = "rows_rounded"
+    # ... and summed in the dtype itself (rows added into the output one by one)
+    ROWS_ROUNDED_DTYPE_SUM = "rows_rounded_dtype_sum"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__

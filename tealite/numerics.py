@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
-from tealite.moe_types import TieRule
+from tealite.moe_types import MoEMerge, TieRule
 
 # The alignment_floor value for FP8 GEMMs whose tensor cores align products at the FP8
 # codes' exponents, before their scales (Hopper's FP8 WGMMA; docs/false-alarms.md).
@@ -109,6 +109,11 @@ class Numerics:
     # by the router tier; None: unspecified (any of the tied experts is accepted).  The
     # scores' own rounding comes from compute_dtype and exp_ulps.
     topk_ties: TieRule | None = None
+
+    # --- expert FFN (moe_ffn_fwd; tealite/ops/moe_ffn.py) ---------------------------------
+    # how a token's k weighted rows are merged (MoEMerge); None: products and sum in fp32,
+    # one rounding (the harness's bound: tealite_verify/tiers/moe_layer.py).
+    moe_merge: MoEMerge | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

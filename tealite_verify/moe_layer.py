@@ -22,7 +22,7 @@ import tealite
 from tealite_verify.references import moe_layer as ref
 from tealite_verify.tiers import bounded
 from tealite_verify.tiers.metrics import Metrics, Tier, from_mask
-from tealite_verify.tiers.moe_layer import LayerNumerics, bounds
+from tealite_verify.tiers.moe_layer import LayerNumerics, bounds, numerics_of
 from tealite_verify.tiers.primitives import to_f64
 
 OUTPUTS = ("y", "dx", "dw1", "dw2", "dlogits", "probs")
@@ -276,12 +276,11 @@ def aiter_triton_stages() -> LayerStages:
     """AITER's Triton ``fused_moe`` (tealite/backends/aiter_triton/moe.py): each weighted row
     rounded before the slot sum, as its contract declares."""
     from tealite.backends.aiter_triton.moe import fused_experts
-    return fused_stages(fused_experts, lambda dt: LayerNumerics(dt, weighted_rows_rounded=True))
+    return fused_stages(fused_experts, lambda dt: numerics_of(dt, "rows_rounded"))
 
 
 def aiter_ck_stages() -> LayerStages:
     """AITER's CK / ASM ``fused_moe`` (tealite/backends/aiter/moe.py, ROCm): weighted rows
     rounded and summed in the dtype (stage 2 adds them into the output), as declared."""
     from tealite.backends.aiter.moe import fused_experts
-    return fused_stages(fused_experts, lambda dt: LayerNumerics(
-        dt, weighted_rows_rounded=True, merge_in_io_dtype=True))
+    return fused_stages(fused_experts, lambda dt: numerics_of(dt, "rows_rounded_dtype_sum"))

@@ -98,10 +98,12 @@ def unpermute(h: np.ndarray, r: Routing, probs: np.ndarray | None, tokens: int) 
     return y
 
 
-def layer(x, logits, w1, w2, dy, routing_map, kind: str = "swiglu") -> dict:
-    """Forward and backward of the layer given the routing map; every intermediate."""
+def layer(x, logits, w1, w2, dy, routing_map, kind: str = "swiglu", probs=None) -> dict:
+    """Forward and backward of the layer given the routing map; every intermediate.  With
+    ``probs`` (T, E) given (the expert FFN op: the weights are an input) the router is not
+    evaluated and ``logits`` may be None."""
     r = routing(routing_map)
-    probs = router_probs(logits, routing_map)
+    probs = router_probs(logits, routing_map) if probs is None else probs
     xp = x[r.tokens]
     h1 = grouped_tn(xp, w1, r.experts)
     a = act_fwd(h1, kind)

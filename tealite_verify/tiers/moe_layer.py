@@ -94,9 +94,21 @@ def _wgrad(e_d, m_d, e_a, m_a, experts, groups, u, dtype, d_abs, a_abs):
     return prop + own + _rnd(exact + prop + own, dtype)
 
 
-def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics) -> dict:
+def numerics_of(io_dtype, merge=None, probs_dtype=torch.float32) -> LayerNumerics:
+    """The layer numerics of a backend declaring ``numerics.moe_merge`` = ``merge`` (a
+    tealite.moe_types.MoEMerge value or None)."""
+    merge = None if merge is None else str(merge)
+    return LayerNumerics(io_dtype, probs_dtype=probs_dtype,
+                         weighted_rows_rounded=merge in ("rows_rounded",
+                                                         "rows_rounded_dtype_sum"),
+                         merge_in_io_dtype=merge == "rows_rounded_dtype_sum")
+
+
+def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics, *,
+           probs_given: bool = False) -> dict:
     """Elementwise bounds on the layer's outputs (y, dx, dw1, dw2, dlogits, probs) from the
-    float64 intermediates ``r`` of references.moe_layer.layer."""
+    float64 intermediates ``r`` of references.moe_layer.layer.  ``probs_given``: the routing
+    weights are an exact input (the expert FFN op), not the router's output."""
     u, io, pdt = num.accumulator_u, num.io_dtype, num.probs_dtype
     rt: ref.Routing = r["routing"]
     ex, groups, tokens = rt.experts, w1.shape[0], len(x)
@@ -104,14 +116,19 @@ def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics) -> dic
     def tn(a, w):  # row r times w[expert of r].T; dgrads pass w transposed
         return ref.grouped_tn(a, w, ex)
     p = r["probs"]
-    routed = p > 0
+    routed = np.zeros(p.shape, bool)
+    routed[rt.tokens, ex] = True
     # router
-    shifted = np.where(routed, np.abs(logits - np.where(routed, logits, -np.inf).max(
-        axis=1, keepdims=True)), 0.0).max(axis=1, keepdims=True)
-    rel_p = 2 * ((num.exp_ulps + 1) + shifted) * u + gamma(topk, u) + u
-    e_p = np.where(routed, rel_p * p + _rnd(p, pdt), 0.0)
-    m_p = p + e_p
-    pr, e_pr = p[rt.tokens, ex], e_p[rt.tokens, ex]
+    if probs_given:
+        e_p = np.zeros_like(p)
+    else:
+        shifted = np.where(routed, np.abs(logits - np.where(routed, logits, -np.inf).max(
+            axis=1, keepdims=True)), 0.0).max(axis=1, keepdims=True)
+        rel_p = 2 * ((num.exp_ulps + 1) + shifted) * u + gamma(topk, u) + u
+        e_p = np.where(routed, rel_p * np.abs(p) + _rnd(np.abs(p), pdt), 0.0)
+    pa = np.abs(p)  # a given weight may be negative; the router's never are
+    m_p = pa + e_p
+    pr, e_pr = pa[rt.tokens, ex], e_p[rt.tokens, ex]
     # fc1 (inputs exact), activation, fc2
     xp = np.abs(r["xp"])
     h1 = r["h1"]
@@ -170,9 +187,9 @@ def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics) -> dic
     e_dx = dx_prop + dx_own + _rnd(np.abs(r["dx"]) + dx_prop + dx_own, io)
     dpa = np.abs(r["dprobs"])
     m_dp = dpa + e_dp
-    e_s = (e_p * m_dp + p * e_dp).sum(axis=1, keepdims=True)
+    e_s = (e_p * m_dp + pa * e_dp).sum(axis=1, keepdims=True)
     m_s = np.abs((p * r["dprobs"]).sum(axis=1, keepdims=True)) + e_s
-    dl_prop = e_p * (m_dp + m_s) + p * (e_dp + e_s)
+    dl_prop = e_p * (m_dp + m_s) + pa * (e_dp + e_s)
     dl_own = (gamma(topk, u) + 2 * u) * m_p * (m_dp + m_s)
     e_dl = np.where(routed, dl_prop + dl_own + _rnd(np.abs(r["dlogits"]) + dl_prop + dl_own,
                                                     io), 0.0)

@@ -1,6 +1,7 @@
-"""AITER's CK / ASM fused MoE (``aiter.fused_moe``, ROCm) as the expert FFN of the composed
-MoE layer (issue 16): fc1 -> gated SiLU -> fc2 -> the routing-weighted sum of a token's k
-expert rows, forward only (an inference kernel: no dgrad / wgrad).
+"""AITER's CK / ASM fused MoE (``aiter.fused_moe``, ROCm) as ``moe_ffn_fwd``
+(tealite/ops/moe_ffn.py), the expert FFN of the composed MoE layer (issue 16): fc1 -> gated
+SiLU -> fc2 -> the routing-weighted sum of a token's k expert rows, forward only (an inference
+kernel: no dgrad / wgrad).
 
 Written from amd-aiter 0.1.7.post2's ``aiter/fused_moe.py`` (``fused_moe`` -> ``fused_moe_``:
 moe sorting, then the 1-stage ASM kernel or CK's 2-stage ``ck_moe_stage1`` / ``_stage2``
@@ -24,36 +25,44 @@ from __future__ import annotations
 
 import torch
 
-from tealite.backends.aiter import common_why_not, runtime
+from tealite.backends.aiter import BACKEND, common_why_not, runtime
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.errors import UnsupportedCase
+from tealite.moe_types import MoEMerge
+from tealite.types import Op
 
 ENTRY = "fused_moe"
 _DTYPES = (torch.bfloat16, torch.float16)
 
 declare(Contract(
-    backend="aiter", entry_point=ENTRY, op="moe_layer (expert FFN forward)",
+    backend="aiter", entry_point=ENTRY, op=Op.MOE_FFN_FWD.value,
     layouts=("x:(T,H)", "w1:(E,2F,H) gate rows first", "w2:(E,H,F)",
              "topk_weight:(T,k) fp32", "topk_ids:(T,k) int32"),
     notes="activation Silu (gated), quant_type No; fp32 accumulation, the intermediate "
           "stored in the dtype, weighted rows rounded and summed in the dtype (declared "
           "conservatively); inference only (no backward); never run on AMD hardware",
-    extra={"weighted_rows_rounded": True, "merge_in_io_dtype": True}))
+    extra={"moe_merge": MoEMerge.ROWS_ROUNDED_DTYPE_SUM.value}))
+
+
+def why_not_params(params) -> str | None:
+    """Why CK's fused MoE cannot run this case here (None: it can)."""
+    why = common_why_not(params, ENTRY)
+    if why is not None:
+        return why
+    if params["kind"] != "swiglu":
+        return (f"activation {params['kind']!r}: aiter.fused_moe is wired here for gated "
+                "SiLU (ActivationType.Silu, TE's swiglu) only")
+    if params["dtype"] not in _DTYPES:
+        return (f"aiter.fused_moe takes bf16 / fp16 x, w1, w2 (no fp32 CK MoE kernel; "
+                f"quantized weights need scales), got {params['dtype']}")
+    return None
 
 
 def why_not(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, kind: str) -> str | None:
-    """Why CK's fused MoE cannot run this layer here (None: it can)."""
-    why = common_why_not({"device": x.device.type}, ENTRY)
-    if why is not None:
-        return why
-    if kind != "swiglu":
-        return (f"activation {kind!r}: aiter.fused_moe is wired here for gated SiLU "
-                "(ActivationType.Silu, TE's swiglu) only")
-    if x.dtype not in _DTYPES or w1.dtype != x.dtype or w2.dtype != x.dtype:
-        return (f"aiter.fused_moe takes bf16 / fp16 x, w1, w2 of one dtype (no fp32 CK MoE "
-                f"kernel; quantized weights need scales), got {x.dtype}, {w1.dtype}, "
-                f"{w2.dtype}")
-    return None
+    """:func:`why_not_params` of tensors (the harness's direct call)."""
+    if w1.dtype != x.dtype or w2.dtype != x.dtype:
+        return f"x, w1 and w2 must share a dtype, got {x.dtype}, {w1.dtype}, {w2.dtype}"
+    return why_not_params({"kind": kind, "dtype": x.dtype, "device": x.device.type})
 
 
 def fused_experts(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -69,3 +78,10 @@ def fused_experts(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         x.contiguous(), w1.contiguous(), w2.contiguous(),
         topk_weights.to(torch.float32).contiguous(), topk_ids.to(torch.int32).contiguous(),
         activation=rt.module.ActivationType.Silu, quant_type=rt.module.QuantType.No)
+
+
+@BACKEND.implements(Op.MOE_FFN_FWD, dtypes=_DTYPES, check=why_not_params,
+                    numerics={"entry_point": ENTRY, "compute_dtype": torch.float32,
+                              "moe_merge": MoEMerge.ROWS_ROUNDED_DTYPE_SUM})
+def moe_ffn_fwd(x, w1, w2, topk_weights, topk_ids, *, kind):
+    return fused_experts(x, w1, w2, topk_weights, topk_ids, kind=kind)

@@ -1,7 +1,7 @@
-"""AITER's fused-MoE Triton kernels as the expert FFN of the composed MoE layer (issue 16):
-``moe_align_block_size_triton`` sorts the routed (token, slot) pairs by expert, ``fused_moe``
-runs both expert GEMMs with the routing folded in.  Forward only: AITER's fused MoE is an
-inference kernel (no dgrad / wgrad), so the layer's backward is refused with that reason.
+"""AITER's fused-MoE Triton kernels as ``moe_ffn_fwd`` (tealite/ops/moe_ffn.py), the expert
+FFN of the composed MoE layer (issue 16): ``moe_align_block_size_triton`` sorts the routed
+(token, slot) pairs by expert, ``fused_moe`` runs both expert GEMMs with the routing folded
+in.  Forward only: AITER's fused MoE is an inference kernel (no dgrad / wgrad).
 
 The mapping (amd-aiter 0.1.7, ``aiter/ops/triton/moe_op.py``, ``_fused_moe_kernel``):
 
@@ -29,9 +29,11 @@ from __future__ import annotations
 import torch
 
 from tealite.backends.aiter_common.contracts import Contract, declare
-from tealite.backends.aiter_triton import INTERPRET, kernels, why_missing
+from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, kernels, why_missing
 from tealite.backends.aiter_triton.gemm import INTERPRETER_BF16, run_or_unsupported
 from tealite.errors import UnsupportedCase
+from tealite.moe_types import MoEMerge
+from tealite.types import Op
 
 ENTRY_ALIGN = "moe_align_block_size_triton"
 ENTRY_GEMM = "fused_moe"
@@ -45,35 +47,42 @@ INTERPRETER_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16
                       "GROUP_SIZE_M": 1}
 
 declare(Contract(
-    backend="aiter_triton", entry_point=ENTRY_ALIGN, op="moe_layer (token sort)",
+    backend="aiter_triton", entry_point=ENTRY_ALIGN, op=Op.MOE_FFN_FWD.value,
     layouts=("topk_ids:(T,k) int32", "sorted_ids: flat (token, slot) ids by expert, padded "
              "to BLOCK_SIZE_M with T*k", "expert_ids: one per M block"),
     notes="integer bookkeeping: exact; within an expert the flat (token, slot) order"))
 declare(Contract(
-    backend="aiter_triton", entry_point=ENTRY_GEMM, op="moe_layer (expert FFN forward)",
+    backend="aiter_triton", entry_point=ENTRY_GEMM, op=Op.MOE_FFN_FWD.value,
     layouts=("x:(T,K)", "w:(E,N,K)", "out:(T,k,N)", "w1: gate rows first (silu(first half) "
              "* second half)"),
     notes="fp32 tl.dot accumulation, one rounding to the compute dtype; mul_routed_weight "
           "multiplies the fp32 accumulator before that rounding (each weighted row rounded, "
           "then the token's rows summed); no bias; inference only (no backward)",
-    extra={"weighted_rows_rounded": True}))
+    extra={"moe_merge": MoEMerge.ROWS_ROUNDED.value}))
 
 
-def why_not(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, kind: str) -> str | None:
-    """Why the fused path cannot run this layer here (None: it can)."""
+def why_not_params(params) -> str | None:
+    """Why the fused path cannot run this case here (None: it can); ``params`` as
+    tealite/ops/moe_ffn.py builds them."""
     why = why_missing(*ENTRY_POINTS)
     if why is not None:
         return why
-    if kind != "swiglu":
-        return (f"activation {kind!r}: AITER's fused MoE path pairs its two GEMMs with gated "
-                "SiLU (swiglu) only")
-    if x.dtype not in _DTYPES or w1.dtype != x.dtype or w2.dtype != x.dtype:
-        return (f"{ENTRY_GEMM} here takes x, w1, w2 of one dtype among fp16 / bf16 / fp32, got "
-                f"{x.dtype}, {w1.dtype}, {w2.dtype} (its FP8 / int weights need scales the "
-                "layer does not carry)")
-    if INTERPRET and x.dtype == torch.bfloat16:
+    if params["kind"] != "swiglu":
+        return (f"activation {params['kind']!r}: AITER's fused MoE path pairs its two GEMMs "
+                "with gated SiLU (swiglu) only")
+    if params["dtype"] not in _DTYPES:
+        return (f"{ENTRY_GEMM} here takes fp16 / bf16 / fp32 x, w1, w2, got {params['dtype']} "
+                "(its FP8 / int weights need scales the op does not carry)")
+    if INTERPRET and params["dtype"] == torch.bfloat16:
         return f"bf16 under the interpreter: {INTERPRETER_BF16}"
     return None
+
+
+def why_not(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, kind: str) -> str | None:
+    """:func:`why_not_params` of tensors (the harness's direct call)."""
+    if w1.dtype != x.dtype or w2.dtype != x.dtype:
+        return f"x, w1 and w2 must share a dtype, got {x.dtype}, {w1.dtype}, {w2.dtype}"
+    return why_not_params({"kind": kind, "dtype": x.dtype})
 
 
 def _align(topk_ids: torch.Tensor, experts: int, block: int):
@@ -122,3 +131,10 @@ def fused_experts(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     c2 = torch.zeros((t * k, 1, w2.shape[1]), dtype=x.dtype, device=x.device)
     _gemm(a, w2.contiguous(), c2, weights, ids, aligned, 1, True, config)
     return c2.view(t, k, -1).sum(dim=1)
+
+
+@BACKEND.implements(Op.MOE_FFN_FWD, dtypes=_DTYPES, devices=DEVICES, check=why_not_params,
+                    numerics={"entry_point": ENTRY_GEMM, "compute_dtype": torch.float32,
+                              "moe_merge": MoEMerge.ROWS_ROUNDED})
+def moe_ffn_fwd(x, w1, w2, topk_weights, topk_ids, *, kind):
+    return fused_experts(x, w1, w2, topk_weights, topk_ids, kind=kind)
