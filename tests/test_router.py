@@ -353,3 +353,24 @@ def test_aux_scores_normalised_over_the_chosen_only_is_caught(make_backend):
     case = _case(kind="sigmoid")
     report = run_case(get_spec("router_aux_scores_fwd"), case, backends=[b.name])
     assert [c for c in report.failures if c.output == "scores"], report.describe()
+
+
+# ---- tealite's Triton kernels (interpreter in CI) -------------------------------------------
+
+@pytest.mark.parametrize("op", ["router_fwd", "router_bwd", "router_aux_scores_fwd",
+                                "router_aux_scores_bwd"])
+def test_triton_router_on_the_smoke_cases(triton_device, op):
+    spec = get_spec(op)
+    for case in spec.smoke_cases:
+        report = run_case(spec, case, backends=["torch", "triton"], device=triton_device)
+        assert report.outcomes["triton"].status == "ok", report.describe()
+        assert report.verdict == "pass", report.describe()
+
+
+@pytest.mark.parametrize("kw", [dict(score_function="softmax"),
+                                dict(score_function="sigmoid", num_groups=4, group_topk=2)])
+def test_triton_router_takes_the_lowest_index_among_ties(triton_device, kw):
+    x = torch.zeros(5, 16, device=triton_device)
+    x[:, 9:] = 1.0  # seven equal best experts: 9, 10, ... and groups 2 and 3 tie
+    probs, routing_map = tealite.router_fwd(x, 4, backend="triton", **kw)
+    assert routing_map.cpu()[:, 9:13].all() and int(routing_map.sum()) == 20
