@@ -137,6 +137,11 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "softmax_fwd": (lambda r, k: move_tensor(r, k), "y"),
     "softmax_bwd": (lambda r, k: move_tensor(r, k), "dx"),
     "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
+    "router_fwd": _at(0, "probs"), "router_aux_scores_fwd": _at(0, "scores"),
+    "router_bwd": (lambda r, k: move_tensor(r, k), "grad_logits"),
+    "router_aux_scores_bwd": (lambda r, k: move_tensor(r, k), "grad_logits"),
+    "moe_aux_loss_fwd": (lambda r, k: move_tensor(r, k), "aux_loss"),
+    "moe_aux_loss_bwd": (lambda r, k: move_tensor(r, k), "grad_probs"),
 }
 
 
