@@ -374,3 +374,36 @@ def test_triton_router_takes_the_lowest_index_among_ties(triton_device, kw):
     x[:, 9:] = 1.0  # seven equal best experts: 9, 10, ... and groups 2 and 3 tie
     probs, routing_map = tealite.router_fwd(x, 4, backend="triton", **kw)
     assert routing_map.cpu()[:, 9:13].all() and int(routing_map.sum()) == 20
+
+
+# ---- AITER's Triton moe_routing top-k (aiter_triton) -----------------------------------------
+
+@pytest.mark.parametrize("case", [
+    _case(shape=(29, 32), topk=4, dtype="float32"),
+    _case(shape=(13, 200), topk=8, dtype="float16"),
+    _case(shape=(17, 7), topk=2, dtype="float32", dist=TIES),
+    _case(shape=(0, 8), topk=1, dtype="float32")], ids=["fp32", "fp16-200", "ties", "empty"])
+def test_aiter_triton_moe_routing_topk_maps_post_softmax(triton_device, case):
+    report = run_case(get_spec("router_fwd"), case, backends=["torch", "aiter_triton"],
+                      device=triton_device)
+    out = report.outcomes["aiter_triton"]
+    if out.status == "unavailable":
+        pytest.skip(out.reason)
+    assert out.status == "ok", report.describe()
+    assert out.numerics.entry_point == "topk" and out.numerics.topk_ties == TieRule.LOWEST_INDEX
+    assert report.verdict == "pass", report.describe()
+
+
+@pytest.mark.parametrize("kw,reason", [
+    (dict(kind="softmax_pre"), "only score_function='softmax' after the top-k"),
+    (dict(kind="sigmoid"), "only score_function='softmax' after the top-k"),
+    (dict(groups=[4, 2]), "no group-limited top-k"),
+    (dict(scaling_factor=1.2), "no scaling factor"),
+    (dict(topk=3), "topk a power of two")])
+def test_aiter_triton_refuses_what_does_not_map(triton_device, kw, reason):
+    report = run_case(get_spec("router_fwd"), _case(**kw), backends=["aiter_triton"],
+                      device=triton_device)
+    out = report.outcomes["aiter_triton"]
+    if out.status == "unavailable":
+        pytest.skip(out.reason)
+    assert out.status == "unsupported" and reason in out.reason, out

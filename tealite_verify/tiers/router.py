@@ -96,8 +96,9 @@ def softmax_rel_error(x, mask, numerics: Numerics):
         y = np.where(mask, np.exp(-dist), 0.0)
         y = y / np.maximum(np.sum(y, axis=-1, keepdims=True), 1e-300)
     n = np.maximum(np.sum(mask, axis=-1, keepdims=True), 1)
+    div = (numerics.fp32_div_ulps or 0) * u  # an approximate division (declared)
     d = u * dist + u * np.sum(y * dist, axis=-1, keepdims=True) + 2 * ne * u \
-        + gamma(n, u) + u
+        + gamma(n, u) + u + div
     return _second_order(d)
 
 

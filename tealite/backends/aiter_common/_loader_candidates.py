@@ -115,6 +115,9 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("mha_v3",                               "flash_attn_fp8_func",                     None, V10),
     C("attention.mha_v3",                     "flash_attn_fp8_func",                     V10),
     C("softmax",                              "softmax"),
+    # MoE routing (triton_kernels' routing, carried by AITER): the top-k with a softmax over
+    # the chosen logits.  Not aiter.ops.triton.topk.topk (FlagGems' plain top-k, unmapped).
+    C("moe_routing.topk",                     "topk"),
 )
 del C
 
