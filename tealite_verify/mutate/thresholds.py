@@ -139,6 +139,11 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
     "grouped_gemm": (lambda r, k: move_tensor(r, k), "out"),
     "grouped_qgemm": (lambda r, k: move_tensor(r, k), "out"),
+    "router_fwd": _at(0, "probs"), "router_aux_scores_fwd": _at(0, "scores"),
+    "router_bwd": (lambda r, k: move_tensor(r, k), "grad_logits"),
+    "router_aux_scores_bwd": (lambda r, k: move_tensor(r, k), "grad_logits"),
+    "moe_aux_loss_fwd": (lambda r, k: move_tensor(r, k), "aux_loss"),
+    "moe_aux_loss_bwd": (lambda r, k: move_tensor(r, k), "grad_probs"),
 }
 
 

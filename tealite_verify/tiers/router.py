@@ -7,7 +7,9 @@ than ``e_r + e_r'`` may legitimately flip.  A routing map C (exactly k per row) 
 iff some scores within the bounds make it the exact top-k: ``min_C (r + e_r) >= max_{~C}
 (r - e_r)`` (independent perturbations: necessary and sufficient).  With groups, iff some
 ``group_topk`` groups S are a valid top selection of the group scores ``g`` under their
-error ``e_g`` in the same sense, C lies inside S's experts, and C is a valid top-k of those.
+error ``e_g`` in the same sense, C lies inside S's experts, and C is a valid top-k of those
+(every S enumerated up to 256 choices; beyond, C's groups completed by the best group scores,
+which is exact when the groups' errors are equal).
 Outside near-ties this is the exact reference selection.  Exact ties (equal logits, and
 equal bias) give bitwise-equal scores in any backend: where the backend declares
 ``topk_ties = lowest_index`` its choice among them is checked exactly (within a row, or
@@ -53,6 +55,7 @@ sum_t |p_te|``; its backward ``C n_e g``: 6u.  Then the output rounding.
 from __future__ import annotations
 
 from itertools import combinations
+from math import comb
 
 import numpy as np
 
@@ -93,8 +96,9 @@ def softmax_rel_error(x, mask, numerics: Numerics):
         y = np.where(mask, np.exp(-dist), 0.0)
         y = y / np.maximum(np.sum(y, axis=-1, keepdims=True), 1e-300)
     n = np.maximum(np.sum(mask, axis=-1, keepdims=True), 1)
+    div = (numerics.fp32_div_ulps or 0) * u  # an approximate division (declared)
     d = u * dist + u * np.sum(y * dist, axis=-1, keepdims=True) + 2 * ne * u \
-        + gamma(n, u) + u
+        + gamma(n, u) + u + div
     return _second_order(d)
 
 
@@ -127,11 +131,26 @@ def _valid_topk(route, err, chosen, elig):
     return inside & (lo >= hi)
 
 
-def _group_combos(num_groups: int, group_topk: int) -> np.ndarray:
-    out = np.zeros((0, num_groups), bool)
-    rows = [np.isin(np.arange(num_groups), c) for c in combinations(range(num_groups),
-                                                                      group_topk)]
-    return np.array(rows, bool) if rows else out
+_MAX_COMBOS = 256  # group choices enumerated per row; beyond, S is completed greedily
+
+
+def _group_combos(num_groups: int, group_topk: int) -> np.ndarray | None:
+    """Every choice of ``group_topk`` groups as (nc, G) bool, or None when there are more
+    than _MAX_COMBOS."""
+    if comb(num_groups, group_topk) > _MAX_COMBOS:
+        return None
+    return np.array([np.isin(np.arange(num_groups), c)
+                     for c in combinations(range(num_groups), group_topk)], bool)
+
+
+def _greedy_groups(g, chosen_groups, group_topk: int) -> np.ndarray:
+    """(T, 1, G): the chosen experts' groups completed by the best remaining group scores
+    (exact when the group errors are equal: a valid S then exists iff this one is valid)."""
+    key = np.where(chosen_groups, np.inf, g)
+    order = np.argsort(-key, axis=-1, kind="stable")[:, :group_topk]
+    s = np.zeros(g.shape, bool)
+    np.put_along_axis(s, order, True, axis=-1)
+    return s[:, None, :]
 
 
 def _valid_rows(route, err, chosen, topk, num_groups, group_topk, u: float) -> np.ndarray:
@@ -144,14 +163,18 @@ def _valid_rows(route, err, chosen, topk, num_groups, group_topk, u: float) -> n
     g = np.sum(top, axis=-1)
     e_g = per * np.max(err.reshape(t, num_groups, size), axis=-1) \
         + gamma(per, u) * np.sum(np.abs(top), axis=-1)
-    combos = _group_combos(num_groups, group_topk)              # (nc, G)
-    elig = np.repeat(combos, size, axis=1)                       # (nc, E)
+    combos = _group_combos(num_groups, group_topk)
+    if combos is None:
+        combos_rows = _greedy_groups(g, chosen.reshape(t, num_groups, size).any(-1),
+                                     group_topk)
     out = np.zeros(t, bool)
     for a in range(0, t, _ROW_CHUNK):
         sl = slice(a, a + _ROW_CHUNK)
-        groups_ok = _valid_topk(g[sl, None, :], e_g[sl, None, :], combos[None], 1)
+        sets = combos[None] if combos is not None else combos_rows[sl]   # (rows|1, nc, G)
+        elig = np.repeat(sets, size, axis=-1)                             # (rows|1, nc, E)
+        groups_ok = _valid_topk(g[sl, None, :], e_g[sl, None, :], sets, np.ones_like(sets))
         experts_ok = _valid_topk(route[sl, None, :], err[sl, None, :], chosen[sl, None, :],
-                                 elig[None])
+                                 elig)
         out[sl] = np.any(groups_ok & experts_ok, axis=1)
     return out
 
