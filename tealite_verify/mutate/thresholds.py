@@ -137,6 +137,9 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "softmax_fwd": (lambda r, k: move_tensor(r, k), "y"),
     "softmax_bwd": (lambda r, k: move_tensor(r, k), "dx"),
     "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
+    "moe_permute": _at(0, "out"), "moe_unpermute": (lambda r, k: move_tensor(r, k), "out"),
+    "moe_unpermute_bwd": _at(0, "grad_permuted"), "moe_sort_chunks": _at(0, "out"),
+    "moe_pad_rows": _at(0, "out"), "moe_unpad_rows": _at(0, "out"),
 }
 
 
