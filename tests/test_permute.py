@@ -281,3 +281,29 @@ def test_a_row_moved_one_place_fails_the_exact_tier(make_backend):
     name = _register(make_backend, "moe_permute", shifted)
     report = run_case(get_spec("moe_permute"), _case(), backends=[name])
     assert [c.output for c in report.failures] == ["out"]
+
+
+# ---- AITER's moe_align_block_size: the declared padded layout -------------------------------
+
+def test_aiter_align_block_size_is_permute_then_pad():
+    """The contract (tealite/backends/aiter_triton/permute.py): AITER's sorted_token_ids at
+    block size 16 are tealite's permuted slot order padded per expert as moe_pad_rows pads."""
+    why = registry.get_backend("aiter_triton").unavailable_reason()
+    if why is not None:
+        pytest.skip(why)
+    from tealite.backends.aiter_triton import permute as A
+    from tealite.moe_types import pad_source_rows
+    if A.why_missing(A.ENTRY_POINT):
+        pytest.skip(A.why_missing(A.ENTRY_POINT))
+    g = torch.Generator().manual_seed(4)
+    n, e, k = 21, 5, 2
+    idx = torch.rand((n, e), generator=g).argsort(dim=1)[:, :k].to(torch.int32)
+    sorted_ids, expert_ids, post_pad = A.align_block_size(idx, e, 16)
+    rows = ref.row_id_map(idx.numpy(), "index", e, n * k)
+    slot_of_row = np.empty(n * k, dtype=np.int64)
+    slot_of_row[rows.reshape(-1)] = np.arange(n * k)
+    counts = ref.tokens_per_expert(idx.numpy(), "index", e, rows).tolist()
+    want = [n * k if s < 0 else int(slot_of_row[s]) for s in pad_source_rows(counts, 16)]
+    assert sorted_ids.tolist() == want and int(post_pad) == len(want)
+    blocks = [g_ for g_, c in enumerate(counts) for _ in range(-(-c // 16))]
+    assert expert_ids[:len(blocks)].tolist() == blocks

@@ -115,6 +115,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("mha_v3",                               "flash_attn_fp8_func",                     None, V10),
     C("attention.mha_v3",                     "flash_attn_fp8_func",                     V10),
     C("softmax",                              "softmax"),
+    C("moe_align_block_size",                 "moe_align_block_size_triton"),
 )
 del C
 
