@@ -121,6 +121,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     # Fused MoE (the expert FFN's GEMMs with routing): moe_op.py in 0.1.7; later trees keep it
     # under moe/.  No version range is claimed for the move: both are tried, flat first.
     *(C(module, "fused_moe") for module in ("moe_op", "moe.moe_op")),
+    C("moe_align_block_size",                 "moe_align_block_size_triton"),
 )
 del C
 
