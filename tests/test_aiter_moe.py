@@ -179,5 +179,52 @@ def test_ck_missing_entry_point_is_the_reason(monkeypatch):
 def test_contracts_are_declared():
     from tealite.backends.aiter_common.contracts import contracts
     got = {(c.backend, c.entry_point) for c in contracts()}
-    assert {("aiter", "fused_moe"), ("aiter_triton", "fused_moe"),
-            ("aiter_triton", "moe_align_block_size_triton")} <= got
+    assert {("aiter", "fused_moe"), ("aiter_triton", "fused_moe")} <= got
+
+
+# ---- through the registry: the moe_ffn_fwd op and its spec -----------------------------------
+
+@needs_triton
+def test_moe_ffn_fwd_spec_on_aiter_triton_and_torch():
+    from tealite_verify.runner import run_case
+    from tealite_verify.specs import get_spec
+    spec = get_spec("moe_ffn_fwd")
+    for case in spec.smoke_cases:
+        rep = run_case(spec, case, backends=["aiter_triton", "torch"])
+        assert rep.verdict == "pass", rep.describe()
+        o = rep.outcomes["aiter_triton"]
+        if case["dtype"] == "bfloat16":
+            assert o.status == "unsupported" and "interpreter" in o.reason
+        else:
+            assert o.status == "ok" and o.numerics.entry_point == "fused_moe"
+            assert str(o.numerics.moe_merge) == "rows_rounded"
+
+
+def test_moe_ffn_fwd_on_ck_through_the_registry(ck_calls):
+    import tealite
+    from tealite_verify.runner import run_case
+    from tealite_verify.specs import get_spec
+    spec = get_spec("moe_ffn_fwd")
+    case = dict(spec.smoke_cases[1])  # bf16
+    rep = run_case(spec, case, backends=["aiter", "torch"])
+    assert rep.verdict == "pass" and rep.outcomes["aiter"].status == "ok", rep.describe()
+    assert ck_calls == ["fused_moe"]
+    with pytest.raises(UnsupportedCase, match="dtype float32 not in"):
+        x = torch.zeros(2, 8)
+        tealite.moe_ffn_fwd(x, torch.zeros(2, 8, 8), torch.zeros(2, 8, 4), torch.ones(2, 1),
+                            torch.zeros(2, 1, dtype=torch.int32), backend="aiter")
+
+
+def test_moe_ffn_fwd_bad_input_names_the_argument():
+    import tealite
+    from tealite.errors import TealiteArgumentError
+    x, w1, w2 = torch.zeros(3, 8), torch.zeros(2, 8, 8), torch.zeros(2, 8, 4)
+    w = torch.ones(3, 1)
+    with pytest.raises(TealiteArgumentError, match="topk_ids must be expert ids in"):
+        tealite.moe_ffn_fwd(x, w1, w2, w, torch.full((3, 1), 2))
+    with pytest.raises(TealiteArgumentError, match="distinct"):
+        tealite.moe_ffn_fwd(x, w1, w2, torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.int64))
+    with pytest.raises(TealiteArgumentError, match="w2 must have shape"):
+        tealite.moe_ffn_fwd(x, w1, torch.zeros(2, 8, 8), w, torch.zeros(3, 1, dtype=torch.int64))
+    with pytest.raises(TealiteArgumentError, match="topk_weights dtype"):
+        tealite.moe_ffn_fwd(x, w1, w2, w.half(), torch.zeros(3, 1, dtype=torch.int64))

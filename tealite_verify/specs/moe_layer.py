@@ -25,7 +25,7 @@ from tealite_verify.tiers.moe_layer import bounds
 
 # (max tokens, max hidden, max ffn, max experts) per size; ci stays tiny: each case runs
 # eight ops forward and backward (interpreted Triton where a backend has kernels).
-_LIMITS = {"ci": (24, 32, 16, 6), "local": (256, 256, 128, 32), "large": (2048, 1024, 512, 64)}
+_LIMITS = {"ci": (16, 16, 8, 4), "local": (256, 256, 128, 32), "large": (2048, 1024, 512, 64)}
 
 
 @st.composite

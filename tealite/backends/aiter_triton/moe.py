@@ -46,11 +46,8 @@ CONFIG = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZ
 INTERPRETER_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16,
                       "GROUP_SIZE_M": 1}
 
-declare(Contract(
-    backend="aiter_triton", entry_point=ENTRY_ALIGN, op=Op.MOE_FFN_FWD.value,
-    layouts=("topk_ids:(T,k) int32", "sorted_ids: flat (token, slot) ids by expert, padded "
-             "to BLOCK_SIZE_M with T*k", "expert_ids: one per M block"),
-    notes="integer bookkeeping: exact; within an expert the flat (token, slot) order"))
+# moe_align_block_size_triton's contract is declared with moe_permute (permute.py), which
+# maps it too; here it only sorts the routed pairs for fused_moe.
 declare(Contract(
     backend="aiter_triton", entry_point=ENTRY_GEMM, op=Op.MOE_FFN_FWD.value,
     layouts=("x:(T,K)", "w:(E,N,K)", "out:(T,k,N)", "w1: gate rows first (silu(first half) "
