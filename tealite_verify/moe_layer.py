@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 import tealite
+from tealite.moe_types import split_offsets
 from tealite_verify.references import moe_layer as ref
 from tealite_verify.tiers import bounded
 from tealite_verify.tiers.metrics import Metrics, Tier, from_mask
@@ -177,8 +178,7 @@ def _router_bwd(dprobs, probs, rmap, logits, topk):
 
 
 def _permute(x, rmap):
-    tokens, experts = torch.nonzero(rmap.T, as_tuple=True)[1], \
-        torch.nonzero(rmap.T, as_tuple=True)[0]  # expert-major, tokens ascending
+    experts, tokens = torch.nonzero(rmap.T, as_tuple=True)  # expert-major, tokens ascending
     splits = [int(s) for s in rmap.sum(dim=0)]
     return x[tokens], (tokens, experts), splits
 
@@ -203,7 +203,7 @@ def _unpermute_bwd(dy, h, row_map, probs):
 
 def _grouped_gemm(a, b, splits, layout):
     """TE's grouped layouts in fp32, one rounding to b's dtype (tealite/moe_types.py)."""
-    offs = np.concatenate([[0], np.cumsum(splits)]).astype(int)
+    offs = split_offsets(splits)
     if layout == "NT":
         out = torch.zeros(len(splits), b.shape[1], a.shape[1], dtype=torch.float32,
                           device=a.device)
