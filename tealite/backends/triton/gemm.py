@@ -110,6 +110,65 @@ def epilogue_store(acc, d_ptr, pre_ptr, bias_ptr, rm, rn, M, N, stride_dm, alpha
         store_f32(d_ptr, offs, pre, mask, OUT_BF16)
 
 
+@triton.jit
+def tile_pointers(x_ptr, y_ptr, xm, yn, rk, stride_x, stride_y, X_K_CONTIG: tl.constexpr,
+                  Y_K_CONTIG: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x_ptrs, x_step, y_ptrs, y_step) of the tile at X rows ``xm`` and Y columns ``yn``, each
+    in its storage orientation (contiguous dim last; tile_k_loop transposes in registers)."""
+    if X_K_CONTIG:
+        x_ptrs = x_ptr + xm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
+        x_step = BLOCK_K
+    else:
+        x_ptrs = x_ptr + xm[None, :] + rk[:, None] * stride_x  # (BLOCK_K, BLOCK_M)
+        x_step = BLOCK_K * stride_x
+    if Y_K_CONTIG:
+        y_ptrs = y_ptr + rk[None, :] + yn[:, None] * stride_y  # (BLOCK_N, BLOCK_K)
+        y_step = BLOCK_K
+    else:
+        y_ptrs = y_ptr + rk[:, None] * stride_y + yn[None, :]  # (BLOCK_K, BLOCK_N)
+        y_step = BLOCK_K * stride_y
+    return x_ptrs, x_step, y_ptrs, y_step
+
+
+@triton.jit
+def tile_k_loop(x_ptrs, y_ptrs, x_step, y_step, rk, K, X_K_CONTIG: tl.constexpr,
+                Y_K_CONTIG: tl.constexpr, BF16_BITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """The fp32 accumulator of one (BLOCK_M, BLOCK_N) tile: K walked in BLOCK_K steps from the
+    tile pointers ``x_ptrs`` / ``y_ptrs`` (storage orientation, see _gemm_kernel), one
+    ``tl.dot`` per step.  Shared by the dense kernel and the grouped one (grouped_gemm.py), so
+    a grouped tile sums its products in exactly the dense kernel's order."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+            y = tl.load(y_ptrs)
+        else:
+            k_left = K - kb * BLOCK_K
+            if X_K_CONTIG:
+                x = tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0)
+            else:
+                x = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0)
+            if Y_K_CONTIG:
+                y = tl.load(y_ptrs, mask=rk[None, :] < k_left, other=0)
+            else:
+                y = tl.load(y_ptrs, mask=rk[:, None] < k_left, other=0)
+        if not X_K_CONTIG:
+            x = tl.trans(x)
+        if Y_K_CONTIG:
+            y = tl.trans(y)
+        if BF16_BITS:
+            # Interpreter only: its bf16 tl.dot multiplies raw bit patterns, so bf16 arrives as
+            # int16 bits and is widened exactly to fp32 (products stay exact, see module doc).
+            x = (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+            y = (y.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        acc = tl.dot(x, y, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        x_ptrs += x_step
+        y_ptrs += y_step
+    return acc
+
+
 # ---- the kernel -------------------------------------------------------------------------------
 
 @triton.jit
@@ -139,45 +198,10 @@ def _gemm_kernel(x_ptr, y_ptr, d_ptr, pre_ptr, bias_ptr, M, N, K, stride_x, stri
     # registers when it is not already (M, K) / (K, N): measured on an H100 with triton 3.6,
     # loading a K-contiguous Y directly as a (K, N) tile ran the TN layout at 75 % of the
     # N-contiguous NN layout's speed.
-    if X_K_CONTIG:
-        x_ptrs = x_ptr + xm[:, None] * stride_x + rk[None, :]  # (BLOCK_M, BLOCK_K)
-        x_step = BLOCK_K
-    else:
-        x_ptrs = x_ptr + xm[None, :] + rk[:, None] * stride_x  # (BLOCK_K, BLOCK_M)
-        x_step = BLOCK_K * stride_x
-    if Y_K_CONTIG:
-        y_ptrs = y_ptr + rk[None, :] + yn[:, None] * stride_y  # (BLOCK_N, BLOCK_K)
-        y_step = BLOCK_K
-    else:
-        y_ptrs = y_ptr + rk[:, None] * stride_y + yn[None, :]  # (BLOCK_K, BLOCK_N)
-        y_step = BLOCK_K * stride_y
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-            y = tl.load(y_ptrs)
-        else:
-            k_left = K - kb * BLOCK_K
-            if X_K_CONTIG:
-                x = tl.load(x_ptrs, mask=rk[None, :] < k_left, other=0)
-            else:
-                x = tl.load(x_ptrs, mask=rk[:, None] < k_left, other=0)
-            if Y_K_CONTIG:
-                y = tl.load(y_ptrs, mask=rk[None, :] < k_left, other=0)
-            else:
-                y = tl.load(y_ptrs, mask=rk[:, None] < k_left, other=0)
-        if not X_K_CONTIG:
-            x = tl.trans(x)
-        if Y_K_CONTIG:
-            y = tl.trans(y)
-        if BF16_BITS:
-            # Interpreter only: its bf16 tl.dot multiplies raw bit patterns, so bf16 arrives as
-            # int16 bits and is widened exactly to fp32 (products stay exact, see module doc).
-            x = (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-            y = (y.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-        acc = tl.dot(x, y, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        x_ptrs += x_step
-        y_ptrs += y_step
+    x_ptrs, x_step, y_ptrs, y_step = tile_pointers(x_ptr, y_ptr, xm, yn, rk, stride_x, stride_y,
+                                                   X_K_CONTIG, Y_K_CONTIG, BLOCK_K)
+    acc = tile_k_loop(x_ptrs, y_ptrs, x_step, y_step, rk, K, X_K_CONTIG, Y_K_CONTIG, BF16_BITS,
+                      DOT_PRECISION, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     epilogue_store(acc, d_ptr, pre_ptr, bias_ptr, rm, rn, M, N, stride_dm, alpha, beta,
                    HAS_BETA, HAS_BIAS, GELU, OUT_BF16, BIAS_BF16)
 
