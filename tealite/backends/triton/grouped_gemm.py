@@ -245,7 +245,7 @@ def launch_q(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, splits, *
         bias_c.stride(0) if bias_c is not None else 0, out.stride(0), grid,
         KIND=qdense._KINDS[kind], SCALE_K=qdense._scale_k(kind) or 1, SA_ROWS=sa_rows,
         DOT_FP8=native, F32_OPERANDS=INTERPRET, A_TYPED=native, B_TYPED=native,
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=bias is not None, **consts,
         BIAS_BF16=bias is not None and bias.dtype == torch.bfloat16,
         OUT_BF16=out_dtype == torch.bfloat16,
         I64=max(_span(a), _span(b), _span(out)) + 256 > _INT32_MAX, EVEN_K=k % block_k == 0,
