@@ -46,10 +46,11 @@ def grouped_m_kernel(x_ptr, y_ptr, d_ptr, bias_ptr, offs_ptr, tiles_ptr, N, K, s
                      stride_y, stride_yg, stride_dm, stride_bg, num_tiles, programs,
                      X_K_CONTIG: tl.constexpr, Y_K_CONTIG: tl.constexpr,
                      BF16_BITS: tl.constexpr, DOT_PRECISION: tl.constexpr, I64: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, OUT_BF16: tl.constexpr, BIAS_BF16: tl.constexpr,
-                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr,
+                     BIAS_BF16: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """TN / NN: D[rows_g] = X[rows_g] (m_g, K) @ Y_g (K, N) (+ bias[g]).  X is the token
+    """TN / NN: D[rows_g] = X[rows_g] (m_g, K) @ Y_g (K, N) (+ D[rows_g] when ACCUMULATE)
+    (+ bias[g]), the dense epilogue's order.  X is the token
     operand (B or B.t()), Y_g the weight view of group g at ``y_ptr + g * stride_yg`` (stride 0:
     one weight for all groups)."""
     rk = tl.arange(0, BLOCK_K)
@@ -65,7 +66,7 @@ def grouped_m_kernel(x_ptr, y_ptr, d_ptr, bias_ptr, offs_ptr, tiles_ptr, N, K, s
         acc = tile_k_loop(x_ptrs, y_ptrs, x_step, y_step, rk, K, X_K_CONTIG, Y_K_CONTIG,
                           BF16_BITS, DOT_PRECISION, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
         epilogue_store(acc, d_ptr, d_ptr, bias_ptr + g * stride_bg, rm, rn, m_end, N, stride_dm,
-                       1.0, 0.0, False, HAS_BIAS, False, OUT_BF16, BIAS_BF16)
+                       1.0, 1.0, ACCUMULATE, HAS_BIAS, False, OUT_BF16, BIAS_BF16)
 
 
 @triton.jit

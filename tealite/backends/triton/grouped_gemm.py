@@ -38,7 +38,7 @@ import torch
 import triton
 
 from tealite._checks import require
-from tealite.backends.triton import INTERPRET, PLATFORM
+from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton import gemm as dense
 from tealite.backends.triton import qgemm as qdense
 from tealite.backends.triton._grouped_kernels import (grouped_k_kernel, grouped_m_kernel,
@@ -47,8 +47,15 @@ from tealite.backends.triton._io import as_kernel_arg
 from tealite.formats import get_format
 from tealite.recipe_facts import qgemm_kind
 from tealite.recipes import Granularity, describe
+from tealite.types import Op
 
 _C = dense.GemmConfig
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+GROUPED_LAYOUTS = ("TN", "NN", "NT")
+
+
+def splits_k(layout: str) -> bool:  # NT (wgrad) splits K, TN / NN split M (moe_types.py)
+    return layout == "NT"
 _INT32_MAX = 2**31 - 1
 # NVIDIA / ROCm starting points (untimed; see the module docstring).  128-row tiles waste
 # little on MoE splits of a few hundred rows or more; fp32 takes the dense kernel's CUDA-core
@@ -95,7 +102,8 @@ def _weights(a: torch.Tensor, layout: str):
     return w, y, k_contig, stride_y, (w.stride(0) if a.dim() == 3 else 0)
 
 
-def launch_split_m(a, b, splits, *, layout, out_dtype, bias, out, config=None) -> torch.Tensor:
+def launch_split_m(a, b, splits, *, layout, out_dtype, bias, out, accumulate=False,
+                   config=None) -> torch.Tensor:
     """TN / NN: out (M_total, N); ``a`` (G, N, K) / (G, K, N) or one 2-D weight; ``bias``
     (G, N) or None; ``splits`` host ints (checked by the front-end)."""
     x, x_k_contig, stride_x = dense.x_operand(b, layout)
@@ -104,6 +112,8 @@ def launch_split_m(a, b, splits, *, layout, out_dtype, bias, out, config=None) -
     n = y.shape[1]
     d = out if out is not None and out.stride(1) == 1 else torch.empty(
         (m_total, n), dtype=out_dtype, device=b.device)
+    if accumulate and d is not out:
+        d.copy_(out)
     cfg = config or pick_config(b.dtype)
     n_tiles = triton.cdiv(n, cfg.block_n)
     tiles = tile_table(splits, cfg.block_m, n_tiles)
@@ -121,7 +131,8 @@ def launch_split_m(a, b, splits, *, layout, out_dtype, bias, out, config=None) -
             tiles[-1], grid,
             X_K_CONTIG=x_k_contig, Y_K_CONTIG=y_k_contig, BF16_BITS=bf16_bits,
             DOT_PRECISION="ieee" if fp32_dot else None, I64=big, HAS_BIAS=bias is not None,
-            OUT_BF16=d.dtype == torch.bfloat16, BIAS_BF16=b.dtype == torch.bfloat16,
+            ACCUMULATE=accumulate, OUT_BF16=d.dtype == torch.bfloat16,
+            BIAS_BF16=b.dtype == torch.bfloat16,
             EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, **cfg.launch_options())
     if out is not None and d is not out:
@@ -177,11 +188,10 @@ def _offsets(splits) -> list[int]:
 
 # ---- FP8 ------------------------------------------------------------------------------------
 
-def _b_scales(recipe, scales: torch.Tensor, splits, m_total: int, k: int):
+def _b_scales(recipe, scales: torch.Tensor, m_total: int, k: int, per_group: bool):
     """(scales, group stride, row stride, K stride) of the concatenated token operand's
-    scales: per-tensor ones come one per group (G,), per-row / block ones per token row."""
-    kind = qgemm_kind(recipe)
-    if kind == "fp8" and scales.numel() == len(splits) and m_total != len(splits):
+    scales: ``per_group`` per-tensor ones (G,), else per-row / 1x128 block ones per row."""
+    if per_group:
         return scales.reshape(-1), 1, 0, 0
     s, row, ks, _ = qdense._scale_operand(recipe, scales, m_total, k, "b")
     return s, 0, row, ks
@@ -197,8 +207,9 @@ def _stacked(t: torch.Tensor, per_group_dims: int):
 def launch_q(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, splits, *, n, k,
              out_dtype, bias, config=None) -> torch.Tensor:
     """FP8 split M: ``a_codes`` (G, N, K) K-last codes with scales (G,) per tensor, (G, N) per
-    row or (G, N/128, K/128) per block; ``b_codes`` (M_total, K) with per-group per-tensor
-    scales (G,) or per-row / 1x128 block scales of the M_total rows; ``bias`` (G, N)."""
+    row or (G, N/128, K/128) per block, or one group's shapes for a shared weight; ``b_codes``
+    (M_total, K) with per-group per-tensor scales (G,) or per-row / 1x128 block scales of the
+    M_total rows; ``bias`` (G, N)."""
     kind = qgemm_kind(recipe_a)
     require(kind in ("fp8", "block"), f"triton grouped qgemm takes FP8 per-tensor / per-row / "
                                       f"block scaling, not {kind}")
@@ -226,7 +237,9 @@ def launch_q(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, splits, *
                                                       f"group expected, got {tuple(sa.shape)}")
         sa_row, sa_k = (sa.stride(1) if per_row else 0), 0
     b = qdense._codes_operand(b_codes, recipe_b.fmt, m_total, k, native, "b")
-    sb, sb_g, sb_row, sb_k = _b_scales(recipe_b, b_scales, splits, m_total, k)
+    per_group = qgemm_kind(recipe_b) == "fp8" and \
+        recipe_b.scale_granularity is not Granularity.ROW
+    sb, sb_g, sb_row, sb_k = _b_scales(recipe_b, b_scales, m_total, k, per_group)
     cfg = config or qdense.pick_config(kind, native, max(m_total, 1), n, device)
     block_k = min(cfg.block_k, qdense._BLOCK_SCALE_K) if kind == "block" else cfg.block_k
     tiles = tile_table(splits, cfg.block_m, triton.cdiv(n, cfg.block_n))
@@ -252,3 +265,121 @@ def launch_q(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, splits, *
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
         **cfg.launch_options())
     return out
+
+
+# ---- registration -----------------------------------------------------------------------------
+
+def _rows_of(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The groups' row blocks as one tensor: a view when they already lie back to back in one
+    storage (the usual case: one activation tensor cut by m_splits), else a copy."""
+    live = [t for t in parts if t.numel()]
+    if live and all(t.is_contiguous() for t in live) and all(
+            nxt.data_ptr() == cur.data_ptr() + cur.numel() * cur.element_size()
+            for cur, nxt in zip(live, live[1:])):
+        rows = sum(t.shape[0] for t in live)
+        return live[0].as_strided((rows, *live[0].shape[1:]), live[0].stride())
+    return torch.cat(parts)
+
+
+def _stack_groups(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Per-group weights (codes or scales) as one (G, ...) tensor: a view when they are the
+    slices of one stacked tensor, else a copy."""
+    first = parts[0]
+    step = first.numel() * first.element_size()
+    if all(t.is_contiguous() and t.shape == first.shape for t in parts) and all(
+            t.data_ptr() == first.data_ptr() + g * step for g, t in enumerate(parts)):
+        return first.as_strided((len(parts), *first.shape), (first.numel(), *first.stride()))
+    return torch.stack(parts)
+
+
+def _why_not(params) -> str | None:
+    if max(params["m"], params["n"], params["k"]) >= dense._MAX_STRIDE:
+        return "a dimension of 2^23 or more (32-bit K-step offsets)"
+    return None
+
+
+def _numerics(params) -> dict:
+    # Each tile is the dense kernel's tile; parity is exact where the configs agree too.
+    return {**dense._numerics(params), "grouped_matches_split": INTERPRET}
+
+
+@BACKEND.implements(Op.GROUPED_GEMM, dtypes=_FLOATS, devices=DEVICES, layouts=GROUPED_LAYOUTS,
+                    check=_why_not, numerics=_numerics)
+def grouped_gemm(a, b, splits, *, layout, out_dtype, bias, out, accumulate):
+    if splits_k(layout):
+        return launch_split_k(a, b, splits, out_dtype=out_dtype, out=out, accumulate=accumulate)
+    return launch_split_m(a, b, splits, layout=layout, out_dtype=out_dtype, bias=bias, out=out,
+                          accumulate=accumulate)
+
+
+def _why_not_q(params) -> str | None:
+    if qgemm_kind(params["recipe_a"]) == "mx":
+        return ("MXFP8 / MXFP4 grouped qgemm is not implemented in the triton backend (its "
+                "split path, the triton qgemm, covers MX)")
+    return qdense._why_not(params) or _why_not(params)
+
+
+def _numerics_q(params) -> dict:
+    # NT runs the dense quantized kernel per group: the split path's arithmetic by
+    # construction.  Split M: exact parity where the configs agree (the interpreter).
+    return {**qdense._numerics(params),
+            "grouped_matches_split": INTERPRET or splits_k(params["layout"])}
+
+
+@BACKEND.implements(Op.GROUPED_QGEMM, dtypes=_FLOATS, devices=DEVICES, layouts=GROUPED_LAYOUTS,
+                    check=_why_not_q, numerics=_numerics_q)
+def grouped_qgemm(recipe_a, a_ops, recipe_b, b_ops, splits, *, m, n, k, layout, out_dtype,
+                  bias, out, accumulate):
+    if splits_k(layout):
+        return _per_group_q(recipe_a, a_ops, recipe_b, b_ops, splits, m=m, n=n,
+                            out_dtype=out_dtype, out=out, accumulate=accumulate)
+    per_group_b = qgemm_kind(recipe_b) == "fp8" and \
+        recipe_b.scale_granularity is not Granularity.ROW
+    b_codes = _rows_of([op.codes for op in b_ops])
+    b_scales = (torch.stack([op.scales.reshape(()) for op in b_ops]) if per_group_b
+                else _rows_of([op.scales for op in b_ops]))
+    shared = len(a_ops) == 1
+    a_codes = a_ops[0].codes if shared else _stack_groups([op.codes for op in a_ops])
+    a_scales = _weight_scales(recipe_a, [op.scales for op in a_ops], shared)
+    product = launch_q(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, splits, n=n,
+                       k=k, out_dtype=torch.float32 if accumulate else out_dtype, bias=bias)
+    return _store(product, out, out_dtype, accumulate)
+
+
+def _weight_scales(recipe, scales: list[torch.Tensor], shared: bool) -> torch.Tensor:
+    """Weight scales as launch_q reads them: (G, 1) / (G, N) / (G, nb, kb), or one group's
+    shape for a shared weight."""
+    if qgemm_kind(recipe) == "fp8":
+        scales = [s.reshape(-1) for s in scales]
+    return scales[0] if shared else _stack_groups(scales)
+
+
+def _store(product, out, out_dtype, accumulate) -> torch.Tensor:
+    """The grouped qgemm's accumulate rule (tealite/ops/grouped_gemm.py): the fp32 product
+    plus the prior output in fp32, rounded once to out_dtype."""
+    if accumulate:
+        out.copy_((out.float() + product).to(out_dtype))
+        return out
+    if out is not None:
+        out.copy_(product)
+        return out
+    return product
+
+
+def _per_group_q(recipe_a, a_ops, recipe_b, b_ops, splits, *, m, n, out_dtype, out,
+                 accumulate) -> torch.Tensor:
+    """NT (K split per group, each group with its own scale blocks along K): the dense
+    quantized kernel once per group."""
+    device = b_ops[0].codes.device
+    result = out if out is not None else torch.zeros((len(splits), m, n), dtype=out_dtype,
+                                                     device=device)
+    for g, rows in enumerate(splits):
+        if rows == 0:
+            if not accumulate:
+                result[g].zero_()
+            continue
+        product = qdense.launch(recipe_a, a_ops[g].codes, a_ops[g].scales, recipe_b,
+                                b_ops[g].codes, b_ops[g].scales, m=m, n=n, k=rows,
+                                out_dtype=torch.float32 if accumulate else out_dtype, bias=None)
+        _store(product, result[g], out_dtype, accumulate)
+    return result
