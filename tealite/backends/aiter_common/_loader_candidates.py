@@ -115,6 +115,10 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("mha_v3",                               "flash_attn_fp8_func",                     None, V10),
     C("attention.mha_v3",                     "flash_attn_fp8_func",                     V10),
     C("softmax",                              "softmax"),
+    # Grouped GEMM: gmm.py in 0.1.7; gemm/grouped/gmm.py later.  No version range is claimed
+    # for the move (as for rope): both are tried, the flat module first.
+    *(C(module, name) for name in ("gmm", "ptgmm", "nptgmm")
+      for module in ("gmm", "gemm.grouped.gmm")),
 )
 del C
 
