@@ -46,16 +46,12 @@ from tealite.backends.triton._grouped_kernels import (grouped_k_kernel, grouped_
 from tealite.backends.triton._io import as_kernel_arg
 from tealite.formats import get_format
 from tealite.recipe_facts import qgemm_kind
+from tealite.moe_types import GROUPED_LAYOUTS, split_offsets, splits_k
 from tealite.recipes import Granularity, describe
 from tealite.types import Op
 
 _C = dense.GemmConfig
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-GROUPED_LAYOUTS = ("TN", "NN", "NT")
-
-
-def splits_k(layout: str) -> bool:  # NT (wgrad) splits K, TN / NN split M (moe_types.py)
-    return layout == "NT"
 _INT32_MAX = 2**31 - 1
 # NVIDIA / ROCm starting points (untimed; see the module docstring).  128-row tiles waste
 # little on MoE splits of a few hundred rows or more; fp32 takes the dense kernel's CUDA-core
@@ -126,7 +122,7 @@ def launch_split_m(a, b, splits, *, layout, out_dtype, bias, out, accumulate=Fal
         grid = programs(tiles[-1], b.device)
         grouped_m_kernel[(grid,)](
             arg(x), arg(w), as_kernel_arg(d), as_kernel_arg(bias_c) if bias_c is not None else d,
-            _table(_offsets(splits), b.device), _table(tiles, b.device), n, k, stride_x,
+            _table(split_offsets(splits), b.device), _table(tiles, b.device), n, k, stride_x,
             stride_y, stride_yg, d.stride(0), bias_c.stride(0) if bias_c is not None else 0,
             tiles[-1], grid,
             X_K_CONTIG=x_k_contig, Y_K_CONTIG=y_k_contig, BF16_BITS=bf16_bits,
@@ -166,7 +162,7 @@ def launch_split_k(a, b, splits, *, out_dtype, out, accumulate, config=None) -> 
         arg = as_kernel_arg if bf16_bits else (lambda t: t)
         grid = programs(num_tiles, b.device)
         grouped_k_kernel[(grid,)](
-            arg(b), arg(a), as_kernel_arg(d), _table(_offsets(splits), b.device), m, n,
+            arg(b), arg(a), as_kernel_arg(d), _table(split_offsets(splits), b.device), m, n,
             b.stride(0), a.stride(0), d.stride(0), d.stride(1), num_tiles, per_group, grid,
             BF16_BITS=bf16_bits, DOT_PRECISION="ieee" if fp32_dot else None, I64=big,
             ACCUMULATE=accumulate, OUT_BF16=d.dtype == torch.bfloat16,
@@ -177,13 +173,6 @@ def launch_split_k(a, b, splits, *, out_dtype, out, accumulate, config=None) -> 
         out.copy_(d)
         d = out
     return d
-
-
-def _offsets(splits) -> list[int]:
-    out = [0]
-    for s in splits:
-        out.append(out[-1] + s)
-    return out
 
 
 # ---- FP8 ------------------------------------------------------------------------------------
@@ -253,7 +242,7 @@ def launch_q(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, splits, *
               if key[2:] in ("EBITS", "MBITS", "BIAS", "SPECIALS", "MIN_NORMAL")}
     grouped_q_kernel[(grid,)](
         a, b, sa, sb, as_kernel_arg(bias_c) if bias_c is not None else out, as_kernel_arg(out),
-        _table(_offsets(splits), device), _table(tiles, device), n, k, tiles[-1],
+        _table(split_offsets(splits), device), _table(tiles, device), n, k, tiles[-1],
         stride_ag, a.stride(1), b.stride(0), stride_sag, sa_row, sa_k, sb_g, sb_row, sb_k,
         bias_c.stride(0) if bias_c is not None else 0, out.stride(0), grid,
         KIND=qdense._KINDS[kind], SCALE_K=qdense._scale_k(kind) or 1, SA_ROWS=sa_rows,
