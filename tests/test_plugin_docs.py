@@ -155,12 +155,14 @@ def recorded():
             assert op in specs, f"op {op} has no spec of the same name to call it through"
             spec = specs[op]
             for case in spec.smoke_cases:
-                before = len(rec[op])
+                # Every op the call dispatches (a grouped op's split path calls gemm too).
+                before = {o: len(rec[o]) for o in registry_ops()}
                 with registry.trace() as dispatched:
                     spec.call(spec.make_inputs(case, "cpu"), case, RECORDER)
-                mine = [r.params for r in dispatched if r.backend == RECORDER and r.op == op]
-                for entry, params in zip(rec[op][before:], mine):
-                    entry[3] = params
+                for o, start in before.items():
+                    mine = [r.params for r in dispatched if r.backend == RECORDER and r.op == o]
+                    for entry, params in zip(rec[o][start:], mine):
+                        entry[3] = params
     finally:
         unregister_backend(RECORDER)
     return rec
