@@ -131,8 +131,13 @@ def _split_path(a, b, splits, layout, **kw):
     return torch.stack(outs) if layout == "NT" else torch.cat(outs)
 
 
-@pytest.mark.parametrize("pair", list(PAIRS))
-@pytest.mark.parametrize("splits,k", [([5, 0, 17, 1], 256), ([0, 40], 128)])
+# Every pair on a ragged split with two 128-long scale blocks; block scaling also with one
+# group holding every token.
+QCASES = [pytest.param(p, [5, 0, 17, 1], 256, id=f"{p}-ragged") for p in PAIRS] + \
+    [pytest.param("block", [0, 40], 128, id="block-one-group")]
+
+
+@pytest.mark.parametrize("pair,splits,k", QCASES)
 def test_grouped_qgemm_is_the_split_path_bit_for_bit(pair, splits, k):
     a, b = _quantized(pair, splits, 40, k, shared=pair == "row")
     bias = torch.randn(len(splits), 40)
