@@ -4,10 +4,11 @@
 
 Header: GPU, driver, CUDA/HIP, torch, triton, Python, AITER as loaded, the in-run copy
 bandwidth and how times were taken.  One table per group (copy, quantize, norm, gemm, qgemm,
-grouped_gemm, softmax): kernel, backend, shape, device ms (median of the device-event repetitions), wall ms
-(pytest-benchmark's median of op + sync), GB/s or TFLOP/s, % of the reference (copy bandwidth
-or the torch baseline of the same run), the issue-4 target and whether it was met.  Then the
-target summary, rows that did not run (with the reason) and failures.
+grouped_gemm, softmax): kernel, backend, shape, device ms (median of the device-event
+repetitions), wall ms (pytest-benchmark's median of op + sync), GB/s or TFLOP/s, % of the
+reference (copy bandwidth or the torch baseline of the same run), the issue-4 target and
+whether it was met.  Then the target summary, rows that did not run (with the reason) and
+failures.
 """
 from __future__ import annotations
 

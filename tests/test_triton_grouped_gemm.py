@@ -153,8 +153,9 @@ def test_grouped_qgemm_is_the_split_path_bit_for_bit(pair, splits, k):
 
 def _assert_within_fp32_sum_bound(out, a, b, splits, bias, k):
     """Against the float64 product of the dequantized operands: the kernel's products of codes
-    are exact and it sums at most K of them in fp32 (interpreter), scales each 128-block partial twice (block
-    scaling) and adds the bias once, so |err| <= gamma_{K+3}(2^-24) (|B||A|^T + |bias|)."""
+    are exact and it sums at most K of them in fp32 (interpreter), scales each 128-block
+    partial twice (block scaling) and adds the bias once, so
+    |err| <= gamma_{K+3}(2^-24) (|B||A|^T + |bias|)."""
     for g, rows in enumerate(splits):
         if not rows:
             continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tealite.backends.triton.gemm import epilogue_store, grouped_pid, tile_k_loop, tile_pointers
+from tealite.backends.triton._tiles import epilogue_store, grouped_pid, tile_k_loop, tile_pointers
 from tealite.backends.triton.qgemm import _blockwise_loop, _epilogue
 
 
