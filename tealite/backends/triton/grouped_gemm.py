@@ -34,6 +34,8 @@ tile list; programs = a multiple of the SM count; configs from ``_CUDA`` / ``_HI
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -81,6 +83,15 @@ def programs(num_tiles: int, device: torch.device) -> int:
 
 
 def _table(values, device) -> torch.Tensor:
+    """``values`` (host ints) as a device int32 table, cached per (values, device): a repeated
+    split reuses the tensor instead of copying it from the host again, which also keeps a
+    launch capturable in a CUDA graph after one eager call (no host-to-device copy while
+    capturing; the table a replay reads stays alive and unchanged)."""
+    return _device_table(tuple(values), str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=256)
+def _device_table(values: tuple, device: str) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
@@ -95,6 +106,9 @@ def _weights(a: torch.Tensor, layout: str):
     if w.stride(2) != 1 and w.stride(1) != 1:
         w = w.contiguous()
     y, k_contig, stride_y = dense.y_operand(w[0], layout)
+    # The kernel steps from group 0's view by the group stride: it must be a view of w.
+    require(y.data_ptr() == w.data_ptr(), "a: the grouped kernel reads the weights in place; "
+                                          f"strides {tuple(a.stride())} are not supported")
     return w, y, k_contig, stride_y, (w.stride(0) if a.dim() == 3 else 0)
 
 
