@@ -23,6 +23,7 @@ TARGETS = {
     "rope": ("copy", 80.0),  # issue 15
     "softmax": ("copy", 80.0),   # issue 15
     "router": ("copy", 50.0),    # issue 16
+    "grouped_gemm": ("dense GEMM, same FLOPs", 85.0),  # issue 16: bf16 and FP8 block
 }
 
 # Router logits (tokens, experts): TE's MoE regime (issue 16), and a tiny one for the smoke run.

@@ -111,7 +111,8 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     # Rows that need only torch always run.
     for name in ("test_copy", "test_quantize[fp8-perrow-torch]", "test_norm_fwd[rmsnorm-torch]",
                  "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]",
-                 "test_router[fwd-softmax-torch]", "test_router[bwd-sigmoid-groups-torch]"):
+                 "test_router[fwd-softmax-torch]", "test_router[bwd-sigmoid-groups-torch]",
+                 "test_grouped_gemm[uniform-torch]", "test_grouped_gemm[skewed-torch]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     for b in ran.values():
@@ -121,4 +122,5 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
         assert ei.get("met") is None  # smoke numbers are never judged against targets
     md = report.render(data)
     assert "# tealite benchmarks" in md and "## quantize" in md and "torch " in md
+    assert "## grouped_gemm" in md
     assert all(f"`{s['test']}`" in md for s in skipped)

@@ -122,6 +122,10 @@ CANDIDATES: tuple[Candidate, ...] = (
     # under moe/.  No version range is claimed for the move: both are tried, flat first.
     *(C(module, "fused_moe") for module in ("moe_op", "moe.moe_op")),
     C("moe_align_block_size",                 "moe_align_block_size_triton"),
+    # Grouped GEMM: gmm.py in 0.1.7; gemm/grouped/gmm.py later.  No version range is claimed
+    # for the move (as for rope): both are tried, the flat module first.
+    *(C(module, name) for name in ("gmm", "ptgmm", "nptgmm")
+      for module in ("gmm", "gemm.grouped.gmm")),
 )
 del C
 
