@@ -71,6 +71,9 @@ def reference(inputs, case):
 register(OpSpec(
     name="moe_layer", family="moe", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference,
+    # fp16 of every stage is judged by the stage's own spec and in tests/test_moe_layer.py:
+    # the interpreted Triton layer (eight ops forward and backward) runs in bf16 and fp32.
+    dtypes=("bfloat16", "float32"),
     drives=(Op.ROUTER_FWD, Op.ROUTER_BWD, Op.MOE_PERMUTE, Op.MOE_UNPERMUTE,
             Op.MOE_UNPERMUTE_BWD, Op.GROUPED_GEMM, Op.ACT_FWD, Op.ACT_BWD),
     smoke_cases=({"tokens": 12, "hidden": 16, "ffn": 8, "experts": 4, "topk": 2,
