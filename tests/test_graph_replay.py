@@ -15,6 +15,7 @@ import torch
 
 from tealite_verify import graph_replay as gr
 from tealite_verify.cli import main
+from tealite_verify.fuzz.findings import replay
 from tealite_verify.fuzz.worker import classify
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
@@ -174,8 +175,11 @@ def test_the_runner_reports_replay_failures_as_their_own_findings():
     assert {(f.stage, f.tensor) for f in bad.replay_failures} >= {("replay", "out")}
     assert "FAIL graph-replay torch: replay 0, tensor 'out'" in bad.describe()
     assert bad.repro().startswith(f"{gr.ENV_VAR}=2 ")
-    kinds = {(f.kind, f.output) for f in classify(bad, "cpu", {}, 0)}
-    assert ("graph-replay", "out") in kinds
+    found = [f for f in classify(bad, "cpu", {}, 0) if f.kind == "graph-replay"]
+    assert [f.output for f in found][:1] == ["out"] and found[0].metrics["graph_replay"] == 2
+    # Replaying the finding (against the real spec, which is correct) runs the check again.
+    again = replay(found[0])
+    assert again.graph_replay == 2 and again.verdict == "pass"
     assert json.loads(json.dumps(bad.to_dict()))["replay_failures"]
 
 
@@ -192,6 +196,8 @@ def test_the_cli_takes_graph_replay(capsys):
                  "--graph-replay", "2"]) == 0
     assert "graph replay emulated" in capsys.readouterr().out
     assert main(["repro", "--op", "gemm", "--case", case, "--graph-replay", "0"]) == 2
+    assert main(["fuzz", "--op", "gemm", "--seconds", "1", "--graph-replay", "x"]) == 2
+    assert "--graph-replay must be a positive integer" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
