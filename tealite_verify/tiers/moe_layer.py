@@ -33,12 +33,13 @@ rnd(v) = u_io M(v) + the dtype's smallest normal):
 * router backward dl = p (dp - Σ p dp): propagated E_p (M(dp) + M(s)) + |p| (E_dp + E_s)
   with E_s = Σ (E_p M(dp) + |p| E_dp); own (γ_k + 2 u_c) M(p) (M(dp) + M(s)) + rnd.
 
-The only first-order step is using the propagated bounds without their products' second-order
-cross terms in the GEMMs' own terms (M already carries E, so even that is covered); the
-activations' factors hold on the whole interval by the derivative bounds, so the bound is
-rigorous, not an estimate.  The routing map is discrete: the layer is judged given the
-backend's map, which must equal the exact top-k except at a tie on the k-th logit (tie-
-tolerant: any selection the tie allows).
+Each step is an inequality, not a linearisation: the Lipschitz factors are global derivative
+bounds (mean-value theorem), and the magnitudes M carry the propagated error, so the
+propagation is first-order in form (each stage's bound pushed through the next stage's
+factors) but rigorous; each rounding also adds the dtype's smallest normal (underflow).  With
+``probs_given`` (the expert FFN op) the weights are exact inputs (E_p = 0).  The routing map is
+discrete: the layer is judged given the backend's map, which must equal the exact top-k except
+at a tie on the k-th logit (tie-tolerant: any selection the tie allows).
 """
 from __future__ import annotations
 
