@@ -22,7 +22,12 @@ TARGETS = {
     "qgemm_fp8": ("torch._scaled_mm", 80.0),
     "rope": ("copy", 80.0),  # issue 15
     "softmax": ("copy", 80.0),   # issue 15
+    "router": ("copy", 50.0),    # issue 16
+    "grouped_gemm": ("dense GEMM, same FLOPs", 85.0),  # issue 16: bf16 and FP8 block
 }
+
+# Router logits (tokens, experts): TE's MoE regime (issue 16), and a tiny one for the smoke run.
+ROUTER_SHAPES = {"large": (16384, 256), "tiny": (8, 64)}
 
 # RoPE input (s, b, h, d), sbhd, full rotary: a training shape (8 sequences of 4096 tokens,
 # 32 heads of 128), and a tiny one for the smoke run.
@@ -135,6 +140,13 @@ def rope_bytes(shape, d2: int, itemsize: int) -> int:
     """t read and y written once, in t's dtype, plus the float32 freqs rows (s, d2) read once
     (forward and backward alike)."""
     return 2 * itemsize * math.prod(shape) + 4 * shape[0] * d2
+
+
+def router_bytes(tokens: int, experts: int, itemsize: int, *, bwd: bool = False) -> int:
+    """Forward: logits read, probs (logits' dtype) and the bool routing map written; backward:
+    grad_probs, logits and the map read, grad_logits written."""
+    n = tokens * experts
+    return (3 * itemsize + 1) * n if bwd else (2 * itemsize + 1) * n
 
 
 def softmax_bytes(kind: str, shape, itemsize: int, *, bwd: bool = False,

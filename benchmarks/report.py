@@ -3,11 +3,12 @@
     python benchmarks/report.py bench.json [-o bench.md]
 
 Header: GPU, driver, CUDA/HIP, torch, triton, Python, AITER as loaded, the in-run copy
-bandwidth and how times were taken.  One table per group (copy, quantize, norm, gemm, qgemm, softmax):
-kernel, backend, shape, device ms (median of the device-event repetitions), wall ms
-(pytest-benchmark's median of op + sync), GB/s or TFLOP/s, % of the reference (copy bandwidth
-or the torch baseline of the same run), the issue-4 target and whether it was met.  Then the
-target summary, rows that did not run (with the reason) and failures.
+bandwidth and how times were taken.  One table per group (copy, quantize, norm, gemm, qgemm,
+grouped_gemm, softmax): kernel, backend, shape, device ms (median of the device-event
+repetitions), wall ms (pytest-benchmark's median of op + sync), GB/s or TFLOP/s, % of the
+reference (copy bandwidth or the torch baseline of the same run), the issue-4 target and
+whether it was met.  Then the target summary, rows that did not run (with the reason) and
+failures.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import argparse
 import json
 import sys
 
-GROUPS = ("copy", "quantize", "norm", "gemm", "qgemm", "softmax")
+GROUPS = ("copy", "quantize", "norm", "gemm", "qgemm", "grouped_gemm", "softmax")
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:

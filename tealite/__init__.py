@@ -5,11 +5,18 @@ from tealite.ops.attention import AttentionBwd, AttentionFwd, attention_bwd, att
 from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
 from tealite.ops.fused import act_fwd_quantize, layernorm_fwd_quantize, rmsnorm_fwd_quantize
 from tealite.ops.gemm import GemmOutput, gemm
+from tealite.ops.grouped_gemm import grouped_gemm, grouped_qgemm
 from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_e8m0_scales,
                                  unshuffle_weight)
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
+from tealite.ops.moe_ffn import moe_ffn_fwd
+from tealite.ops.permute import (PaddedRows, Permuted, SortedChunks, UnpermuteGrads,
+                                 moe_pad_rows, moe_permute, moe_sort_chunks, moe_unpad_rows,
+                                 moe_unpermute, moe_unpermute_bwd)
 from tealite.ops.rope import rope_bwd, rope_fwd
+from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_scores_bwd,
+                                router_aux_scores_fwd, router_bwd, router_fwd)
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
 from tealite.ops.softmax import softmax_bwd, softmax_fwd
@@ -26,5 +33,11 @@ __all__ = [
     "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
     "rope_fwd", "rope_bwd",
+    "moe_permute", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks", "moe_pad_rows",
+    "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks", "PaddedRows",
+    "moe_ffn_fwd",
     "softmax_fwd", "softmax_bwd",
+    "grouped_gemm", "grouped_qgemm",
+    "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
+    "moe_aux_loss_fwd", "moe_aux_loss_bwd",
 ]

@@ -30,11 +30,15 @@ same accumulation order for both (``numerics.grouped_matches_split``), and withi
 bound otherwise.
 
 Router (TE's ``fused_topk_with_score_function``), see :class:`ScoreFunction`.
+
+Token permutation (tealite/ops/permute.py): routing maps, the permuted order, dropped tokens
+and the typed row-id map, in the section at the bottom.
 """
 from __future__ import annotations
 
 import enum
-from typing import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -82,3 +86,213 @@ def split_offsets(splits: Sequence[int]) -> tuple[int, ...]:
     for s in splits:
         out.append(out[-1] + s)
     return tuple(out)
+
+
+# --- grouped GEMM (tealite/ops/grouped_gemm.py) -------------------------------------------
+
+# The layouts a grouped GEMM takes (TE's grouped GEMM uses these three; TT has no MoE use).
+GROUPED_LAYOUTS = ("TN", "NN", "NT")
+
+
+def splits_k(layout: str) -> bool:
+    """Whether ``layout`` splits the contraction dimension (NT, wgrad) rather than M."""
+    return layout == "NT"
+
+
+class ScaledOperand(NamedTuple):
+    """One group's quantized operand as a grouped qgemm backend reads it: its codes and
+    scales in the K-last orientation (tealite/ops/qgemm.py's ``k_last``), so that group g's
+    product is ``B_g @ A_g^T`` whatever the layout."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor | None
+
+
+# --- router (tealite/ops/router.py) -----------------------------------------------------
+
+class TieRule(str, enum.Enum):
+    """Which expert a backend's top-k picks among equal scores (a backend declares it in its
+    numerics as ``topk_ties``; undeclared means unspecified: any of the tied experts)."""
+
+    LOWEST_INDEX = "lowest_index"   # among equal scores, the lowest expert index first
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The router's options, validated by tealite/ops/router.py (TE's
+    ``fused_topk_with_score_function`` arguments other than the tensors).
+
+    ``num_groups`` / ``group_topk`` (both or neither): group-limited top-k, the experts cut
+    into ``num_groups`` consecutive groups, a group's score the sum of its best
+    ``topk // group_topk`` routing scores, the top-k taken over the best ``group_topk``
+    groups' experts.  ``scaling_factor`` None means 1."""
+
+    topk: int
+    score_function: ScoreFunction = ScoreFunction.SOFTMAX
+    use_pre_softmax: bool = False
+    num_groups: int | None = None
+    group_topk: int | None = None
+    scaling_factor: float | None = None
+
+    @property
+    def grouped(self) -> bool:
+        return self.group_topk is not None
+
+    @property
+    def per_group(self) -> int:
+        """How many of a group's best scores make its group score."""
+        return self.topk // self.group_topk if self.grouped else self.topk
+
+    @property
+    def scale(self) -> float:
+        return 1.0 if self.scaling_factor is None else float(self.scaling_factor)
+
+    @property
+    def selects_on_logits(self) -> bool:
+        """Softmax after the top-k: the selection reads the raw logits."""
+        return self.score_function == ScoreFunction.SOFTMAX and not self.use_pre_softmax
+
+    @property
+    def normalises(self) -> bool:
+        """Sigmoid with topk > 1: the chosen scores are divided by their sum (+ 1e-20)."""
+        return self.score_function == ScoreFunction.SIGMOID and self.topk > 1
+
+
+# TE's epsilon in the sigmoid normalisation ``s / (sum s + eps)``.
+SIGMOID_NORM_EPS = 1e-20
+
+
+# ---- Token permutation (tealite/ops/permute.py) ------------------------------------------
+#
+# Routing.  A token's experts are given as a ``mask`` (bool / int (num_tokens, E), nonzero =
+# routed) or as ``index`` (int (num_tokens, topk) expert ids, in [0, E)).  Either way a token has
+# *slots*: one per expert for a mask, one per top-k position for indices; merging probs are
+# shaped like the slots ((num_tokens, E) or (num_tokens, topk)).
+#
+# Order.  The permuted tensor holds the routed (token, slot) pairs sorted by (expert, token,
+# slot): expert 0's tokens in token order, then expert 1's, ...  With ``num_out_tokens`` smaller
+# than the routed count, the first ``num_out_tokens`` rows of that order are kept and the rest
+# dropped (TE's index-map rule: the highest experts' last tokens go first).  A token routed to
+# nobody (an all-zero mask row) has no row.
+
+
+class MapType(str, enum.Enum):
+    """How the routing is given (TE's ``map_type``)."""
+
+    MASK = "mask"
+    INDEX = "index"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+@dataclass(frozen=True)
+class RowIdMap:
+    """Where every (token, slot) went in the permuted tensor: the contract between
+    ``moe_permute`` and ``moe_unpermute`` / ``moe_unpermute_bwd``.
+
+    ``rows``: int32 (num_tokens, slots); ``rows[t, s]`` is the permuted row of token ``t``'s slot
+    ``s`` (slot = expert for a mask map, top-k position for an index map), or -1 where the slot
+    is not routed (mask 0) or its row was dropped (beyond ``num_out_tokens``).  The kept rows are
+    exactly ``0 .. num_out_tokens - 1``, each once.
+    ``tokens_per_expert``: the kept rows per expert, in order (the grouped GEMM's m_splits).
+    """
+
+    rows: torch.Tensor
+    map_type: MapType
+    num_experts: int
+    num_out_tokens: int
+    tokens_per_expert: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.rows.shape[1]
+
+
+def slot_experts(routing: torch.Tensor, map_type: MapType, num_experts: int) -> torch.Tensor:
+    """int64 (num_tokens, slots): the expert of every slot, -1 where the slot is not routed."""
+    if map_type == MapType.MASK:
+        e = torch.arange(num_experts, device=routing.device).expand(routing.shape[0], -1)
+        return torch.where(routing != 0, e, -1)
+    return routing.to(torch.int64)
+
+
+def make_row_id_map(routing: torch.Tensor, map_type: MapType, num_experts: int,
+                    num_out_tokens: int) -> RowIdMap:
+    """The row-id map of a validated routing (the order above), in torch integer ops: a stable
+    sort of the slots by expert (token-major flattening keeps (token, slot) order within an
+    expert), the sorted position as the row, rows >= num_out_tokens dropped."""
+    experts = slot_experts(routing, map_type, num_experts)
+    n, s = experts.shape
+    flat = experts.reshape(-1)
+    key = torch.where(flat < 0, num_experts, flat)  # unrouted slots sort last
+    order = torch.sort(key, stable=True).indices
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(order.numel(), device=order.device)
+    keep = (flat >= 0) & (pos < num_out_tokens)
+    rows = torch.where(keep, pos, -1).to(torch.int32).reshape(n, s)
+    counts = torch.bincount(flat[keep], minlength=num_experts) if flat.numel() else \
+        torch.zeros(num_experts, dtype=torch.int64)
+    return RowIdMap(rows, map_type, num_experts, num_out_tokens,
+                    tuple(int(c) for c in counts.tolist()))
+
+
+def padded_splits(splits: Sequence[int], align: int) -> tuple[int, ...]:
+    """Each split rounded up to a multiple of ``align`` (0 stays 0)."""
+    return tuple(-(-s // align) * align for s in splits)
+
+
+def pad_source_rows(splits: Sequence[int], align: int) -> list[int]:
+    """For every row of the padded tensor, the source row it copies, -1 for a padding row."""
+    src: list[int] = []
+    for start, s, p in zip(split_offsets(splits), splits, padded_splits(splits, align)):
+        src.extend(range(start, start + s))
+        src.extend([-1] * (p - s))
+    return src
+
+
+def unpad_source_rows(splits: Sequence[int], align: int) -> list[int]:
+    """For every row of the unpadded tensor, its row in the padded tensor."""
+    src: list[int] = []
+    for start, s in zip(split_offsets(padded_splits(splits, align)), splits):
+        src.extend(range(start, start + s))
+    return src
+
+
+def chunk_source_rows(split_sizes: Sequence[int], sorted_index: Sequence[int]) -> list[int]:
+    """For every output row of sort-chunks-by-index, its input row: the chunks in the order
+    ``sorted_index`` names them."""
+    offsets = split_offsets(split_sizes)
+    src: list[int] = []
+    for c in sorted_index:
+        src.extend(range(offsets[c], offsets[c + 1]))
+    return src
+
+
+# ---- The expert FFN forward (tealite/ops/moe_ffn.py) ----------------------------------------
+
+class MoEMerge(str, enum.Enum):
+    """How a backend merges a token's k weighted expert rows p * h2 (``numerics.moe_merge``;
+    undeclared: the products in fp32, summed in fp32, one rounding to the dtype)."""
+
+    # each weighted row rounded to the dtype first, then summed in fp32 (AITER's Triton
+    # fused_moe with mul_routed_weight: the weight multiplies the fp32 accumulator)
+    ROWS_ROUNDED = "rows_rounded"
+    # ... and summed in the dtype itself (rows added into the output one by one)
+    ROWS_ROUNDED_DTYPE_SUM = "rows_rounded_dtype_sum"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__

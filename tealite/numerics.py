@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
+from tealite.moe_types import MoEMerge, TieRule
+
 # The alignment_floor value for FP8 GEMMs whose tensor cores align products at the FP8
 # codes' exponents, before their scales (Hopper's FP8 WGMMA; docs/false-alarms.md).
 FP8_CODE_ALIGNMENT = "fp8_codes"
@@ -62,6 +64,12 @@ class Numerics:
     # "may_flush": subnormal operands may be treated as zero (oneDNN's bf16 matmul on
     # AVX512-BF16 / AMX CPUs); probed by the backend, never assumed.
     subnormal_inputs: str | None = None
+    # --- grouped ops (grouped_gemm / grouped_qgemm; tealite/moe_types.py) -----------------
+    # the grouped path computes every group with exactly the arithmetic of the same backend's
+    # single op (gemm / qgemm) on that group, so the two agree bit for bit; the harness's
+    # parity oracle (tealite_verify/tiers/parity.py) then demands equality, and otherwise
+    # (default False: a different tiling or accumulation order) holds them to the GEMM bound.
+    grouped_matches_split: bool = False
     # --- quantizers and fused quantizing ops -------------------------------------------
     # ulps of error in an fp32 division (the scale or its inverse; default 0: exact IEEE).
     fp32_div_ulps: int | None = None
@@ -95,6 +103,17 @@ class Numerics:
     # (half an ulp of 1; default 2: libm quality, measured <= 1.2 for numpy's and torch's CPU
     # cos / sin up to |f| = 3e7).  Hardware approximations (sin.approx.f32) declare more.
     trig_ulps: float | None = None
+
+    # --- router (top-k) ----------------------------------------------------------------
+    # which expert the top-k picks among equal scores: TieRule.LOWEST_INDEX, checked exactly
+    # by the router tier; None: unspecified (any of the tied experts is accepted).  The
+    # scores' own rounding comes from compute_dtype and exp_ulps.
+    topk_ties: TieRule | None = None
+
+    # --- expert FFN (moe_ffn_fwd; tealite/ops/moe_ffn.py) ---------------------------------
+    # how a token's k weighted rows are merged (MoEMerge); None: products and sum in fp32,
+    # one rounding (the harness's bound: tealite_verify/tiers/moe_layer.py).
+    moe_merge: MoEMerge | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -72,6 +72,9 @@ class Op(str, enum.Enum):
     MOE_SORT_CHUNKS = "moe_sort_chunks"
     MOE_PAD_ROWS = "moe_pad_rows"
     MOE_UNPAD_ROWS = "moe_unpad_rows"
+    # The expert FFN forward with the routing folded in (fc1 -> gated act -> fc2 -> weighted
+    # sum of a token's k rows): the op AITER's fused MoE kernels implement.
+    MOE_FFN_FWD = "moe_ffn_fwd"
 
     # str() and f-strings give the plain name (Python 3.11 would give "Op.GEMM"): messages,
     # reasons and stored reports read as they did when ops were strings.

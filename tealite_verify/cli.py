@@ -222,9 +222,19 @@ def _prob_table(stats: dict, p_case: float) -> str:
                                  "worst err/err(torch)"]) if rows else "no op with the check ran")
 
 
+def _graph_replay(args) -> int | None:
+    """Replays per case of the graph-replay check (``--graph-replay [N]``, else
+    $TEALITE_VERIFY_GRAPH_REPLAY), or None; a bad value raises ValueError naming the option."""
+    from tealite_verify import graph_replay
+    if getattr(args, "graph_replay", None) is not None:
+        return graph_replay.check_replays(args.graph_replay, "--graph-replay")
+    return graph_replay.replays_from_env()
+
+
 def cmd_run(args) -> int:
     try:
         p_case = _probabilistic(args)
+        replays = _graph_replay(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -242,7 +252,7 @@ def cmd_run(args) -> int:
         worst = 0.0
         for case in cases:
             rep = run_case(spec, case, backends=_select_backends(args), device=args.device,
-                           probabilistic=p_case)
+                           probabilistic=p_case, graph_replay=replays)
             counts[rep.verdict] += 1
             worst = max(worst, rep.max_ratio())
             reports.append(rep)
@@ -277,13 +287,14 @@ def cmd_run(args) -> int:
 def cmd_repro(args) -> int:
     try:
         p_case = _probabilistic(args)
+        replays = _graph_replay(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     spec = get_spec(args.op)
     case = json.loads(args.case)
     rep: CaseReport = run_case(spec, case, backends=_select_backends(args), device=args.device,
-                               probabilistic=p_case)
+                               probabilistic=p_case, graph_replay=replays)
     print(rep.describe())
     if args.json:
         print(json.dumps(rep.to_dict(), indent=1, default=str))
@@ -295,13 +306,17 @@ def cmd_fuzz(args) -> int:
     from tealite_verify.fuzz.findings import default_corpus_dir
     from tealite_verify.fuzz.supervisor import Campaign, FuzzConfig
     from tealite_verify.fuzz.worker import plan_targets
+    from tealite_verify import graph_replay
     try:
         p_case = _probabilistic(args)
+        replays = _graph_replay(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if p_case is not None:  # the workers inherit the environment (runner.run_case reads it)
         os.environ[prob.ENV_VAR] = repr(p_case)
+    if replays is not None:
+        os.environ[graph_replay.ENV_VAR] = str(replays)
     seconds = args.seconds if args.seconds is not None else 60.0 * args.minutes
     cfg = FuzzConfig(ops=args.op or ["all"], backends=args.backend, dtypes=args.dtype,
                      recipe=args.recipe, seconds=seconds, seed=args.seed, device=args.device,
@@ -400,6 +415,16 @@ def _add_probabilistic_args(p) -> None:
                    help="exit 1 on suspicious cases too (implies --probabilistic)")
 
 
+def _add_graph_replay_arg(p) -> None:
+    p.add_argument("--graph-replay", nargs="?", const="3", metavar="N",
+                   help="also capture each backend's call in a CUDA graph and replay it N "
+                        "times (default 3) with other allocations and work in between: "
+                        "outputs must stay bit-identical to eager (a 'graph-replay' finding "
+                        "names the replay and the tensor otherwise).  Off the GPU a static-"
+                        "buffer emulation runs (docs/graph-replay.md).  Also "
+                        "$TEALITE_VERIFY_GRAPH_REPLAY=N")
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -447,6 +472,7 @@ def _add_fuzz_parser(sub) -> None:
                         "failing variant is the case recorded (default 4)")
     z.add_argument("--verbose", action="store_true", help="pass the workers' stderr through")
     _add_probabilistic_args(z)
+    _add_graph_replay_arg(z)
     z.add_argument("--db-every-run", action="store_true",
                    help="use the Hypothesis example database in every run, not only each "
                         "target's first (keeps the Pareto front of high ratios; ~2x slower)")
@@ -477,6 +503,7 @@ def main(argv=None) -> int:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", help="write every case report here")
     _add_probabilistic_args(r)
+    _add_graph_replay_arg(r)
     q = sub.add_parser("repro", help="re-run one case with full metrics")
     q.add_argument("--op", required=True)
     q.add_argument("--case", required=True, help="case JSON as printed by a failure")
@@ -484,6 +511,7 @@ def main(argv=None) -> int:
     q.add_argument("--device", default="cpu")
     q.add_argument("--json", action="store_true", help="also print the report as JSON")
     _add_probabilistic_args(q)
+    _add_graph_replay_arg(q)
     _add_fuzz_parser(sub)
     gate_cli.add_parser(sub)
     mutate_cli.add_parser(sub)

@@ -29,6 +29,7 @@ import torch
 from tealite import registry
 from tealite.errors import BackendUnavailable, UnsupportedCase
 from tealite.numerics import Numerics
+from tealite_verify import graph_replay as graph
 from tealite_verify.references import _device as reference_device
 from tealite_verify.specs import Expected, OpSpec
 from tealite_verify.tiers import bounded
@@ -64,6 +65,11 @@ class CaseReport:
     timings: dict[str, float] = field(default_factory=dict)
     # The per-case false-alarm probability of the opt-in probabilistic check, None when off.
     probabilistic: float | None = None
+    # The graph-replay check (tealite_verify/graph_replay.py): replays per backend (None:
+    # not run), its failures, and notes (an op the spec declares not capturable).
+    graph_replay: int | None = None
+    replay_failures: list = field(default_factory=list)
+    replay_notes: list = field(default_factory=list)
 
     @property
     def failures(self) -> list[Comparison]:
@@ -87,7 +93,7 @@ class CaseReport:
 
     @property
     def verdict(self) -> str:
-        if self.failures or self.errors:
+        if self.failures or self.errors or self.replay_failures:
             return "fail"
         if not any(o.status == "ok" for o in self.outcomes.values()):
             return "skip"
@@ -101,6 +107,8 @@ class CaseReport:
         cmd = repro_command(self.op, self.case, self.device, backend)
         if self.probabilistic is not None:
             cmd = f"{prob.ENV_VAR}={self.probabilistic:g} {cmd}"
+        if self.graph_replay is not None:
+            cmd = f"{graph.ENV_VAR}={self.graph_replay} {cmd}"
         return cmd
 
     def describe(self) -> str:
@@ -113,12 +121,23 @@ class CaseReport:
             mark = "ok  " if c.metrics.passed else "FAIL"
             mark = "SUSP" if c.metrics.suspicious else mark
             lines.append(f"  {mark} {c.lhs} vs {c.rhs} [{c.output}]: {c.metrics.summary()}")
+        lines += [f"  FAIL {f.summary()}" for f in self.replay_failures]
+        lines += [f"  note: {n}" for n in self.replay_notes]
         bad = sorted({c.lhs for c in self.failures} | {o.backend for o in self.errors}
+                     | {f.backend for f in self.replay_failures}
                      or {c.lhs for c in self.suspicious})
         lines.append(f"  repro: {self.repro(bad[0] if len(bad) == 1 else None)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._to_dict()
+        if self.graph_replay is not None:  # keys only where the check ran: reports stay as
+            d.update(graph_replay=self.graph_replay,  # they were without it
+                     replay_failures=[f.to_dict() for f in self.replay_failures],
+                     replay_notes=list(self.replay_notes))
+        return d
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "op": self.op, "case": self.case, "device": self.device, "verdict": self.verdict,
             "outcomes": {k: {"status": o.status, "reason": o.reason,
@@ -286,14 +305,19 @@ def _compare_pair(x, y, exp: Expected, num_x, num_y) -> Metrics:
 def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
              device: str = "cpu", pairwise: bool = True, focus: str | None = None,
              prepared_inputs: Callable[[], dict] | None = None,
-             probabilistic: float | None | str = "env") -> CaseReport:
+             probabilistic: float | None | str = "env",
+             graph_replay: int | None | str = "env") -> CaseReport:
     """``prepared_inputs``: returns ``spec.make_inputs(case, device)`` built elsewhere (the
     fuzzer builds the next case's inputs on a thread while this one runs); "inputs" then
     times the wait for them.  ``focus``: compute only the comparisons of that backend (it
     against the reference and against each other backend that ran), as a test judging one
     backend reports.  ``probabilistic``: the per-case false-alarm probability of the
     opt-in probabilistic check (tiers/probabilistic.py), None for off, "env" (default) for
-    $TEALITE_VERIFY_PROBABILISTIC (unset: off)."""
+    $TEALITE_VERIFY_PROBABILISTIC (unset: off).  ``graph_replay``: replays of the graph-replay
+    check per backend that ran (tealite_verify/graph_replay.py), None for not asked, "env"
+    (default) for $TEALITE_VERIFY_GRAPH_REPLAY; not asked, it runs only where the spec's
+    policy runs it by default (on a CUDA device)."""
+    graph_replay = _replays(spec, device, graph_replay)
     probabilistic = (prob.target_from_env() if probabilistic == "env" else
                      None if probabilistic is None else
                      prob.check_probability(probabilistic, "probabilistic"))
@@ -322,8 +346,42 @@ def run_case(spec: OpSpec, case: dict, *, backends: list[str] | None = None,
             t = time.perf_counter()
             comparisons = _comparisons(ran, expected, pairwise, probabilistic, focus)
             timings["compare"] = time.perf_counter() - t
-    return CaseReport(spec.name, case, device, outcomes, comparisons, timings,
-                      probabilistic=probabilistic)
+    report = CaseReport(spec.name, case, device, outcomes, comparisons, timings,
+                        probabilistic=probabilistic, graph_replay=graph_replay)
+    if graph_replay is not None:
+        t = time.perf_counter()
+        _graph_replay(report, spec, inputs, case, ran, graph_replay)
+        timings["graph_replay"] = time.perf_counter() - t
+    return report
+
+
+def _replays(spec: OpSpec, device: str, asked) -> int | None:
+    """The replays of the graph-replay check this case runs, or None."""
+    n = graph.replays_from_env() if asked == "env" else \
+        None if asked is None else graph.check_replays(asked, "graph_replay")
+    if n is None and spec.graph_replay.by_default and str(device).startswith("cuda"):
+        n = graph.DEFAULT_REPLAYS
+    return n
+
+
+def _graph_replay(report: CaseReport, spec: OpSpec, inputs: dict, case: dict,
+                  ran: list[Outcome], replays: int) -> None:
+    """The graph-replay check of every backend that ran the case."""
+    policy = spec.graph_replay
+    if not policy.capturable:
+        report.replay_notes.append(f"graph replay not run: {spec.name} is not capturable "
+                                   f"({policy.reason})")
+        return
+    engine = graph.engine_for(report.device)
+    for o in ran:
+        def call(inp, name=o.backend):
+            return spec.call(_clone(inp), case, name)
+        report.replay_failures += graph.check(call, inputs, backend=o.backend,
+                                              device=report.device, engine=engine,
+                                              replays=replays)
+    if not str(report.device).startswith("cuda"):
+        report.replay_notes.append(f"graph replay emulated on {report.device} "
+                                   f"({engine.name}): no CUDA graph was captured")
 
 
 def _comparisons(ran: list[Outcome], expected: dict[str, Expected],

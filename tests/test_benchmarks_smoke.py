@@ -68,6 +68,18 @@ def test_rope_bytes_match_the_op():
     assert C.rope_bytes(tuple(t.shape), 10, 2) == t.nbytes + y.nbytes + f.nbytes
 
 
+@pytest.mark.parametrize("bwd", [False, True])
+def test_router_bytes_match_the_op(bwd):
+    x = torch.randn(9, 16).bfloat16()
+    probs, routing_map = tealite.router_fwd(x, 4, backend="torch")
+    if bwd:
+        dx = tealite.router_bwd(probs, x, routing_map, 4, backend="torch")
+        actual = probs.nbytes + x.nbytes + routing_map.nbytes + dx.nbytes
+    else:
+        actual = x.nbytes + probs.nbytes + routing_map.nbytes
+    assert C.router_bytes(9, 16, 2, bwd=bwd) == actual
+
+
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 def test_norm_bytes_match_the_op(kind):
     x, g, b = torch.randn(7, 96).bfloat16(), torch.randn(96).bfloat16(), torch.randn(96).bfloat16()
@@ -98,7 +110,9 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     assert data["tealite"]["failed"] == []
     # Rows that need only torch always run.
     for name in ("test_copy", "test_quantize[fp8-perrow-torch]", "test_norm_fwd[rmsnorm-torch]",
-                 "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]"):
+                 "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]",
+                 "test_router[fwd-softmax-torch]", "test_router[bwd-sigmoid-groups-torch]",
+                 "test_grouped_gemm[uniform-torch]", "test_grouped_gemm[skewed-torch]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     for b in ran.values():
@@ -108,4 +122,5 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
         assert ei.get("met") is None  # smoke numbers are never judged against targets
     md = report.render(data)
     assert "# tealite benchmarks" in md and "## quantize" in md and "torch " in md
+    assert "## grouped_gemm" in md
     assert all(f"`{s['test']}`" in md for s in skipped)

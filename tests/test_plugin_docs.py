@@ -24,6 +24,7 @@ import torch
 from tealite import recipes as R
 from tealite import registry
 from tealite.attention_types import AttentionConfig
+from tealite.moe_types import MapType, RouterConfig, RowIdMap
 from tealite.ops.quantize import QuantizedTensor
 from tealite.registry import Backend, register_backend, unregister_backend
 from tealite_verify.runner import run_case
@@ -38,7 +39,8 @@ RECORDER = "doc_recorder"
 TYPES = {"Tensor": torch.Tensor, "torch": torch, "Optional": Optional, "tuple": tuple,
          "dict": dict, "int": int, "float": float, "bool": bool, "str": str,
          "QuantizedTensor": QuantizedTensor, "DelayedScaling": R.DelayedScaling,
-         "AttentionConfig": AttentionConfig,
+         "AttentionConfig": AttentionConfig, "RouterConfig": RouterConfig,
+         "MapType": MapType, "RowIdMap": RowIdMap,
          "Recipe": Union[R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
                          R.MXBlockScaling]}
 
@@ -155,12 +157,14 @@ def recorded():
             assert op in specs, f"op {op} has no spec of the same name to call it through"
             spec = specs[op]
             for case in spec.smoke_cases:
-                before = len(rec[op])
+                # Every op the call dispatches (a grouped op's split path calls gemm too).
+                before = {o: len(rec[o]) for o in registry_ops()}
                 with registry.trace() as dispatched:
                     spec.call(spec.make_inputs(case, "cpu"), case, RECORDER)
-                mine = [r.params for r in dispatched if r.backend == RECORDER and r.op == op]
-                for entry, params in zip(rec[op][before:], mine):
-                    entry[3] = params
+                for o, start in before.items():
+                    mine = [r.params for r in dispatched if r.backend == RECORDER and r.op == o]
+                    for entry, params in zip(rec[o][start:], mine):
+                        entry[3] = params
     finally:
         unregister_backend(RECORDER)
     return rec

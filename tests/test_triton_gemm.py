@@ -157,8 +157,8 @@ def test_declared_numerics():
 
 # ---- seeded bugs --------------------------------------------------------------------------------
 
-_JIT_FUNCS = ("grouped_pid", "gelu_erf_f32", "epilogue_store", "_gemm_kernel", "_tma_tile",
-              "_gemm_tma_kernel")
+_JIT_FUNCS = ("grouped_pid", "gelu_erf_f32", "epilogue_store", "tile_pointers", "tile_k_loop",
+              "_gemm_kernel", "_tma_tile", "_gemm_tma_kernel")
 _HEADER = ("import triton\nimport triton.language as tl\n"
            "from tealite.backends.triton._io import load_f32, store_f32\n\n\n")
 _counter = itertools.count()
@@ -213,13 +213,13 @@ SEEDED = {
         make_case("NN", "bfloat16", M, N, K, bias=True, gelu=True, out_dtype="float32")),
     # The accumulator kept in fp16 (rounded after every K block).
     "fp16-accumulator": ([
-        ("_gemm_kernel", "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        ("tile_k_loop", "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
          "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)"),
-        ("_gemm_kernel", "out_dtype=tl.float32)", "out_dtype=tl.float16)")],
+        ("tile_k_loop", "out_dtype=tl.float32)", "out_dtype=tl.float16)")],
         make_case("TN", "float16", M, N, 256, out_dtype="float32")),
     # The last, partial K block is never loaded.
     "k-tail-dropped": ([
-        ("_gemm_kernel", "range(0, tl.cdiv(K, BLOCK_K))", "range(0, K // BLOCK_K)")],
+        ("tile_k_loop", "range(0, tl.cdiv(K, BLOCK_K))", "range(0, K // BLOCK_K)")],
         make_case("TT", "float32", M, N, K)),
     # beta * D_prior never added.
     "beta-ignored": ([
@@ -235,7 +235,7 @@ SEEDED = {
     # The interpreter workaround removed: bf16 bits reinterpreted as bf16 and fed to tl.dot,
     # which the triton 3.9 interpreter multiplies as raw integers.
     "interpreter-bf16-dot": ([
-        ("_gemm_kernel", _WIDEN,
+        ("tile_k_loop", _WIDEN,
          "            x = x.to(tl.bfloat16, bitcast=True)\n"
          "            y = y.to(tl.bfloat16, bitcast=True)\n")],
         make_case("TN", "bfloat16", M, N, K)),
@@ -257,7 +257,7 @@ def test_seeded_mutation_that_changes_nothing_passes(tmp_path, make_backend, mon
     """Control for the mutation machinery: a kernel recompiled from its own source with a
     no-op edit is not flagged."""
     name = _seeded_backend(make_backend, monkeypatch, _gemm_kernel=_mutant_kernel(
-        tmp_path, [("_gemm_kernel", "acc = tl.zeros(", "acc = 0.0 + tl.zeros(")]))
+        tmp_path, [("tile_k_loop", "acc = tl.zeros(", "acc = 0.0 + tl.zeros(")]))
     _check(make_case("NT", "bfloat16", M, N, K, bias=True, gelu=True, beta=1.0),
            backends=("torch", name))
 

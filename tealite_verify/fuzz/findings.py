@@ -30,7 +30,12 @@ from tealite import registry
 from tealite_verify import coverage
 
 ENV_VAR = "TEALITE_FINDINGS"
-KINDS = ("mismatch", "error", "crash", "hang")
+# "parity": a grouped op's fused path disagrees with the same backend's split per-group path
+# (tealite_verify/tiers/parity.py), reported apart from a mismatch with the reference;
+# "graph-replay": outputs that change under CUDA-graph replay (tealite_verify/graph_replay.py).
+KINDS = ("mismatch", "error", "crash", "hang", "parity", "graph-replay")
+# The kinds whose case a worker replays in its own process (crash / hang could take it down).
+REPLAYED_KINDS = ("mismatch", "error", "parity", "graph-replay")
 
 
 def now_iso() -> str:
@@ -51,7 +56,8 @@ def signature_class(kind: str, case: dict, metrics: dict) -> dict:
     bugs live (recipe, roundings, format, dtype, tier, edge class); for an error, crash or
     hang none (the exception type or the signal names those, and a crashing kernel crashes on
     every class the shrinker walks through)."""
-    return coverage.case_class(case, metrics.get("tier")) if kind == "mismatch" else {}
+    return coverage.case_class(case, metrics.get("tier")) if kind in ("mismatch", "parity") \
+        else {}
 
 
 def recipe_description(case: dict) -> str:
@@ -78,7 +84,8 @@ def shape_summary(case: dict) -> str:
 
 @dataclass
 class Finding:
-    kind: str              # "mismatch" | "error" | "crash" | "hang"
+    kind: str              # one of KINDS: "mismatch" | "error" | "crash" | "hang" | "parity"
+                           # | "graph-replay"
     op: str
     backends: list[str]    # the backend(s) involved, e.g. ["triton"] or ["triton", "torch"]
     output: str | None     # failing output name (mismatch) else None
@@ -288,4 +295,7 @@ def replay(path_or_finding, *, backends=None, device: str | None = None):
         load_finding(path_or_finding)
     names = list(backends) if backends is not None else list(f.backends)
     _ensure_backends(names, f.versions)
-    return run_case(get_spec(f.op), f.case, backends=names, device=device or f.device)
+    # A graph-replay finding replays with the check on (its replay count recorded).
+    replays = f.metrics.get("graph_replay") if f.kind == "graph-replay" else "env"
+    return run_case(get_spec(f.op), f.case, backends=names, device=device or f.device,
+                    graph_replay=replays)

@@ -137,6 +137,17 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "softmax_fwd": (lambda r, k: move_tensor(r, k), "y"),
     "softmax_bwd": (lambda r, k: move_tensor(r, k), "dx"),
     "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
+    "grouped_gemm": (lambda r, k: move_tensor(r, k), "out"),
+    "grouped_qgemm": (lambda r, k: move_tensor(r, k), "out"),
+    "router_fwd": _at(0, "probs"), "router_aux_scores_fwd": _at(0, "scores"),
+    "router_bwd": (lambda r, k: move_tensor(r, k), "grad_logits"),
+    "router_aux_scores_bwd": (lambda r, k: move_tensor(r, k), "grad_logits"),
+    "moe_aux_loss_fwd": (lambda r, k: move_tensor(r, k), "aux_loss"),
+    "moe_aux_loss_bwd": (lambda r, k: move_tensor(r, k), "grad_probs"),
+    "moe_permute": _at(0, "out"), "moe_unpermute": (lambda r, k: move_tensor(r, k), "out"),
+    "moe_unpermute_bwd": _at(0, "grad_permuted"), "moe_sort_chunks": _at(0, "out"),
+    "moe_pad_rows": _at(0, "out"), "moe_unpad_rows": _at(0, "out"),
+    "moe_ffn_fwd": (lambda r, k: move_tensor(r, k), "y"),
 }
 
 

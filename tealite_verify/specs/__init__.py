@@ -17,6 +17,7 @@ import torch
 from tealite.numerics import Numerics
 from tealite.types import Op
 
+from tealite_verify.graph_replay import GraphReplayPolicy
 from tealite_verify.tiers.metrics import Tier
 
 _SPECS: dict[str, "OpSpec"] = {}
@@ -76,6 +77,9 @@ class OpSpec:
     # The registry ops call() dispatches, when the spec is not itself one (a composite such
     # as quant_roundtrip drives quantize then dequantize); empty: the op named ``name``.
     drives: tuple[Op, ...] = ()
+    # The CUDA-graph replay check's option (tealite_verify/graph_replay.py): whether the op
+    # can be captured at all, and whether every case on a CUDA device runs the check.
+    graph_replay: GraphReplayPolicy = field(default_factory=GraphReplayPolicy)
 
     @property
     def ops(self) -> tuple[str, ...]:

@@ -32,6 +32,8 @@ class Tier(str, enum.Enum):
     ATTENTION_PAIR = "attention-pair"
     SOFTMAX = "softmax"                # softmax fwd / bwd (tiers/softmax.py)
     SOFTMAX_PAIR = "softmax-pair"
+    ROUTER = "router"                  # MoE router: selection, weights, aux loss (router.py)
+    ROUTER_PAIR = "router-pair"
     E8M0_ADJUSTED = "e8m0-adjusted"    # MX scales and codes (tiers/e8m0_adjusted.py)
     E8M0_ADJUSTED_PAIR = "e8m0-adjusted-pair"
     FP4_TIES = "fp4-ties"              # MX codes with hardware FP4 ties (tiers/fp4_ties.py)
@@ -48,9 +50,12 @@ class Tier(str, enum.Enum):
     SCALE_INTERVAL_PAIR = "scale-interval-pair"
     AMAX_INTERVAL = "amax-interval"    # fused quantizers' reported amax
     AMAX_INTERVAL_PAIR = "amax-interval-pair"
+    PARITY = "parity"                  # grouped vs split path of one backend (tiers/parity.py)
     ABSENT = "absent"                  # an output that must (or may) be missing
     ABSENT_PAIR = "absent-pair"
     MALFORMED = "malformed"            # dtype / shape / presence broken: nothing to judge
+    MOE_LAYER = "moe-layer"            # composed MoE layer, bound propagated (tiers/moe_layer.py)
+    MOE_LAYER_PAIR = "moe-layer-pair"
 
     # Two labels carry the declared ``fp32_div_ulps`` (tiers/fp32_div.py): "div-<n>ulp" for
     # scale_inv and "recip-<n>ulp" for codes.  They are members made on first use, so that a

@@ -66,6 +66,7 @@ ENTRY_POINTS: dict[str, str] = {
     "mha_bwd": "aiter/ops/mha.py",
     "mha_varlen_fwd": "aiter/ops/mha.py",
     "mha_varlen_bwd": "aiter/ops/mha.py",
+    "fused_moe": "aiter/fused_moe.py",
 }
 
 # E4M3 format AITER computes in, per arch (aiter/utility/dtypes.py: gfx942 -> FNUZ, gfx950 ->
@@ -239,6 +240,6 @@ BACKEND_BPRESHUFFLE = register_backend(Backend(
 # Every family module registers its implementations on BACKEND when imported.  They are
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
-FAMILIES = ("activations", "attention", "fused", "norms", "qgemm", "quantize")
+FAMILIES = ("activations", "attention", "fused", "moe", "norms", "qgemm", "quantize")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")

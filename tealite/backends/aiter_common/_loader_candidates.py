@@ -115,6 +115,17 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("mha_v3",                               "flash_attn_fp8_func",                     None, V10),
     C("attention.mha_v3",                     "flash_attn_fp8_func",                     V10),
     C("softmax",                              "softmax"),
+    # MoE routing (triton_kernels' routing, carried by AITER): the top-k with a softmax over
+    # the chosen logits.  Not aiter.ops.triton.topk.topk (FlagGems' plain top-k, unmapped).
+    C("moe_routing.topk",                     "topk"),
+    # Fused MoE (the expert FFN's GEMMs with routing): moe_op.py in 0.1.7; later trees keep it
+    # under moe/.  No version range is claimed for the move: both are tried, flat first.
+    *(C(module, "fused_moe") for module in ("moe_op", "moe.moe_op")),
+    C("moe_align_block_size",                 "moe_align_block_size_triton"),
+    # Grouped GEMM: gmm.py in 0.1.7; gemm/grouped/gmm.py later.  No version range is claimed
+    # for the move (as for rope): both are tried, the flat module first.
+    *(C(module, name) for name in ("gmm", "ptgmm", "nptgmm")
+      for module in ("gmm", "gemm.grouped.gmm")),
 )
 del C
 

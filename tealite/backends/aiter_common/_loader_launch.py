@@ -6,6 +6,10 @@
 * Under the interpreter, ``tl.assume`` is not checked while an AITER kernel runs (AITER's FP8
   quant kernels hint ``pid > 0``, false for program 0), and a launch grid written as a list
   (``lambda meta: [n]``) is passed as a tuple (the interpreter concatenates it with a tuple).
+* Under the interpreter, the kernels named in :data:`TENSOR_LOOP_KERNELS` see their ``for``
+  loop variables as int32 tensors, as compiled Triton makes them (the interpreter runs
+  Python's ``range``, whose ints have no ``.to``): AITER's gmm kernels call
+  ``g.to(tl.int64)`` on ``for g in range(G)`` (:func:`interpreter_tensor_loops`).
 * Inside :func:`dry_run`, a wrapped kernel's launch is recorded (:class:`Launch`: its name
   and keyword arguments, i.e. the config AITER's host code settled on) and not executed: the
   adapters ask AITER's own wrapper which config it launches with instead of replaying its
@@ -43,6 +47,38 @@ def interpreter_assume_unchecked():
             del builder.create_assume
         else:
             builder.create_assume = saved
+
+
+# AITER kernels that use a loop variable as a tensor (read in AITER 0.1.7's
+# _triton_kernels/gmm.py: ``g.to(tl.int64)`` with ``for g in range(G)``).
+TENSOR_LOOP_KERNELS = frozenset({"gmm_kernel", "tgmm_persistent_kernel",
+                                 "tgmm_non_persistent_kernel"})
+
+
+@contextlib.contextmanager
+def interpreter_tensor_loops(fn):
+    """While the block runs, ``range`` in ``fn``'s module yields int32 interpreter tensors
+    (the interpreter's own scalar wrapping, ``_implicit_cvt``): the loop variables' compiled
+    type.  The module's own ``range``, if it had one, is restored afterwards."""
+    import builtins
+
+    from triton.runtime.interpreter import _implicit_cvt
+
+    def tensor_range(*args):
+        for i in builtins.range(*args):
+            yield _implicit_cvt(i)
+
+    scope = fn.__globals__
+    missing = object()
+    saved = scope.get("range", missing)
+    scope["range"] = tensor_range
+    try:
+        yield
+    finally:
+        if saved is missing:
+            del scope["range"]
+        else:
+            scope["range"] = saved
 
 
 @dataclass(frozen=True)
@@ -103,6 +139,9 @@ def wrap_launch(kernel, drop: tuple[str, ...], unchecked_assume: bool, *,
             return None
         if interpreted and "grid" in kwargs:
             kwargs["grid"] = grid_as_tuple(kwargs["grid"])
+        if interpreted and name in TENSOR_LOOP_KERNELS:
+            with interpreter_tensor_loops(kernel.fn), interpreter_assume_unchecked():
+                return launch(*args, **kwargs)
         if unchecked_assume:
             with interpreter_assume_unchecked():
                 return launch(*args, **kwargs)

@@ -173,7 +173,8 @@ def why_missing(*entry_points: str) -> str | None:
 # Every family module registers its implementations on BACKEND when imported.  They are
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
-FAMILIES = ("attention", "fused", "gemm", "norms", "qgemm", "quantize", "rope", "softmax")
+FAMILIES = ("attention", "fused", "gemm", "grouped_gemm", "moe", "norms", "qgemm", "quantize",
+            "rope", "softmax", "router", "permute")
 if HAVE_TRITON:
     for _family in FAMILIES:
         importlib.import_module(f"{__name__}.{_family}")

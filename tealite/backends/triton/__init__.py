@@ -67,8 +67,8 @@ BACKEND = register_backend(Backend(
 # Every family module registers its implementations on BACKEND when imported.  They are
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
-FAMILIES = ("activations", "attention", "dequantize", "fused", "gemm", "norms", "qgemm", "quantize",
-            "rope", "softmax")
+FAMILIES = ("activations", "attention", "dequantize", "fused", "gemm", "grouped_gemm", "norms",
+            "qgemm", "quantize", "rope", "softmax", "router", "permute")
 if HAVE_TRITON:
     for _family in FAMILIES:
         importlib.import_module(f"{__name__}.{_family}")

@@ -1,0 +1,61 @@
+"""The MoE router (TE's fused top-k router, issue 16 target: 50 % of copy) forward and
+backward against the in-run device copy, at TE's regime of 16384 tokens x 256 experts (bf16
+logits, softmax after the top-k and sigmoid with groups and an expert bias, top-8):
+tealite's triton backend and the torch backend as a fallback reference.  AITER's Triton
+``topk`` / ``moe_routing`` kernels do not compute TE's router (aiter_triton refuses it:
+tealite/backends/aiter_triton/router.py says why), so they have no row here."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tealite
+from benchmarks import _cases as C
+from benchmarks.conftest import _bf16_randn
+
+ROUTER = C.TARGETS["router"][1]
+# (name, router options): DeepSeek-V3-style sigmoid with 8 groups, 4 kept, and a bias; and
+# plain post-top-k softmax.
+CONFIGS = {"softmax": dict(score_function="softmax"),
+           "sigmoid-groups": dict(score_function="sigmoid", num_groups=8, group_topk=4)}
+
+
+@pytest.fixture(scope="module")
+def router_inputs(bench_config):
+    tokens, experts = C.ROUTER_SHAPES[bench_config.size]
+    logits = _bf16_randn((tokens, experts), bench_config.device, 5)
+    bias = (torch.randn(experts) * 0.1).to(bench_config.device)
+    grad = _bf16_randn((tokens, experts), bench_config.device, 6)
+    return logits, bias, grad
+
+
+def _options(name: str, bias) -> dict:
+    kw = dict(CONFIGS[name])
+    if kw["score_function"] == "sigmoid":
+        kw["expert_bias"] = bias
+    return kw
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_router(bench, router_inputs, copy_reference, direction, config, backend):
+    logits, bias, grad = router_inputs
+    tokens, experts = logits.shape
+    topk = 8
+    kw = _options(config, bias)
+    if direction == "fwd":
+        def run():
+            return tealite.router_fwd(logits, topk, backend=backend, **kw)
+    else:
+        _, routing_map = tealite.router_fwd(logits, topk, backend="torch", **kw)
+        bwd_kw = {"score_function": kw["score_function"]}
+
+        def run():
+            return tealite.router_bwd(grad, logits, routing_map, topk, backend=backend,
+                                      **bwd_kw)
+    bench.run(run, group="router", kernel=f"router_{direction} {config} top{topk}",
+              backend=backend, shape=logits.shape, dtype=logits.dtype,
+              nbytes=C.router_bytes(tokens, experts, logits.element_size(),
+                                    bwd=direction == "bwd"),
+              reference=copy_reference, target_pct=ROUTER if backend == "triton" else None)

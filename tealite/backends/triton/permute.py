@@ -1,0 +1,248 @@
+"""MoE token permutation in Triton (semantics: tealite/ops/permute.py, tealite/moe_types.py).
+
+Three kernels:
+
+* ``_scatter_rows_kernel`` (permute): one program per tile of tokens x hidden columns loads
+  the tokens' block once and stores it to each of its kept rows (the row-id map's -1 slots store nothing);
+  the permuted probs and row-indexed scales go through the same kernel as one-column rows.
+  Reading every token once and writing each copy once is what a copy costs, so the kernel is
+  bandwidth bound (benchmarks/test_bench_permute.py).
+* ``_gather_rows_kernel`` (sort-chunks, pad, unpad): one program per tile of output rows
+  copies their source rows, or writes the fill pattern where the source is -1.
+* ``_unpermute_kernel`` / ``_unpermute_bwd_kernel``: one program per tile of tokens sums the token's kept slots in slot order in fp32 (``acc + x * p``: the compiler may
+  contract it into an FMA, which tiers/permute_sum.py's gamma_k covers); the backward writes
+  ``p * dy`` to each kept row and, with probs, one program per row of tokens reduces
+  ``dy . permuted[row]`` over the hidden blocks for every slot.
+
+Data movement runs on bit patterns (the host passes same-width integer views), so FP8 codes,
+packed e2m1 bytes, E8M0 scales and bf16 move exactly on every target; arithmetic reads bf16
+through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is built with
+torch integer ops on the device (``moe_types.make_row_id_map``: a stable sort by expert), as
+tealite's torch backend does; the kernels do the data movement and the sums.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tealite.backends.triton import BACKEND, DEVICES
+from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite.moe_types import (RowIdMap, chunk_source_rows, make_row_id_map, pad_source_rows,
+                               unpad_source_rows)
+from tealite.types import Op
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+MOVABLE = FLOATS + (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                    torch.float8_e5m2fnuz, torch.uint8)
+_NUMERICS = {"compute_dtype": torch.float32}
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_BLOCK_H = 1024
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_BITS[t.element_size()])
+
+
+def _block(h: int) -> int:
+    return min(_BLOCK_H, triton.next_power_of_2(max(h, 1)))
+
+
+@triton.jit
+def _tile(pid_r, pid_h, N, H, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The (BLOCK_R, BLOCK_H) tile of a program: its row ids (int64), column ids and masks."""
+    rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    return rows, cols, rows < N, cols < H
+
+
+@triton.jit
+def _scatter_rows_kernel(x_ptr, rows_ptr, out_ptr, N, H, SLOTS, stride_x, stride_o,
+                         BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    t, cols, t_ok, c_ok = _tile(tl.program_id(0), tl.program_id(1), N, H, BLOCK_R, BLOCK_H)
+    m = t_ok[:, None] & c_ok[None, :]
+    v = tl.load(x_ptr + t[:, None] * stride_x + cols[None, :], mask=m)
+    for s in range(0, SLOTS):
+        r = tl.load(rows_ptr + t * SLOTS + s, mask=t_ok, other=-1).to(tl.int64)
+        tl.store(out_ptr + r[:, None] * stride_o + cols[None, :], v,
+                 mask=m & (r >= 0)[:, None])
+
+
+@triton.jit
+def _gather_rows_kernel(x_ptr, src_ptr, out_ptr, N, H, fill, stride_x, stride_o,
+                        BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    i, cols, i_ok, c_ok = _tile(tl.program_id(0), tl.program_id(1), N, H, BLOCK_R, BLOCK_H)
+    r = tl.load(src_ptr + i, mask=i_ok, other=-1).to(tl.int64)
+    m = i_ok[:, None] & c_ok[None, :]
+    got = (r >= 0)[:, None]
+    v = tl.load(x_ptr + tl.maximum(r, 0)[:, None] * stride_x + cols[None, :], mask=m & got,
+                other=0)
+    v = tl.where(got, v, tl.zeros_like(v) + fill)
+    tl.store(out_ptr + i[:, None] * stride_o + cols[None, :], v, mask=m)
+
+
+@triton.jit
+def _unpermute_kernel(x_ptr, rows_ptr, p_ptr, out_ptr, N, H, SLOTS, stride_x, stride_o,
+                      WITH_PROBS: tl.constexpr, IS_BF16: tl.constexpr,
+                      PROBS_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    t, cols, t_ok, c_ok = _tile(tl.program_id(0), tl.program_id(1), N, H, BLOCK_R, BLOCK_H)
+    m = t_ok[:, None] & c_ok[None, :]
+    acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
+    for s in range(0, SLOTS):
+        r = tl.load(rows_ptr + t * SLOTS + s, mask=t_ok, other=-1).to(tl.int64)
+        keep = (r >= 0)[:, None]
+        x = load_f32(x_ptr, tl.maximum(r, 0)[:, None] * stride_x + cols[None, :], m & keep,
+                     IS_BF16)
+        if WITH_PROBS:
+            p = load_f32(p_ptr, t * SLOTS + s, t_ok & (r >= 0), PROBS_BF16)
+            acc = tl.where(keep, acc + x * p[:, None], acc)
+        else:
+            acc = tl.where(keep, acc + x, acc)
+    store_f32(out_ptr, t[:, None] * stride_o + cols[None, :], acc, m, IS_BF16)
+
+
+@triton.jit
+def _unpermute_bwd_kernel(dy_ptr, x_ptr, rows_ptr, p_ptr, gx_ptr, gp_ptr, N, H, SLOTS,
+                          stride_dy, stride_x, stride_gx,
+                          IS_BF16: tl.constexpr, PROBS_BF16: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    t, lanes, t_ok, _ = _tile(tl.program_id(0), 0, N, H, BLOCK_R, BLOCK_H)
+    for s in range(0, SLOTS):
+        r = tl.load(rows_ptr + t * SLOTS + s, mask=t_ok, other=-1).to(tl.int64)
+        keep = t_ok & (r >= 0)
+        p = load_f32(p_ptr, t * SLOTS + s, keep, PROBS_BF16)
+        dot = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + lanes
+            m = keep[:, None] & (cols < H)[None, :]
+            dy = load_f32(dy_ptr, t[:, None] * stride_dy + cols[None, :], m, IS_BF16)
+            x = load_f32(x_ptr, tl.maximum(r, 0)[:, None] * stride_x + cols[None, :], m,
+                         IS_BF16)
+            store_f32(gx_ptr, tl.maximum(r, 0)[:, None] * stride_gx + cols[None, :],
+                      dy * p[:, None], m, IS_BF16)
+            dot += dy * x
+        # A slot with no row gets 0 (every load of it was masked to 0).
+        store_f32(gp_ptr, t * SLOTS + s, tl.sum(dot, axis=1), t_ok, PROBS_BF16)
+
+
+def _blocks(h: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_H): up to 4096 elements a tile (registers on a GPU; few, large
+    programs in the interpreter, whose cost is per program)."""
+    bh = _block(h)
+    return max(1, min(64, 4096 // bh)), bh
+
+
+def _scatter(x: torch.Tensor | None, row_map: RowIdMap) -> torch.Tensor | None:
+    """out[rows[t, s]] = x[t] for x (num_tokens, w), bit for bit."""
+    if x is None:
+        return None
+    out = torch.empty((row_map.num_out_tokens,) + tuple(x.shape[1:]), dtype=x.dtype,
+                      device=x.device)
+    n, h = x.shape[0], x.shape[1] if x.dim() > 1 else 1
+    if n and h and row_map.num_out_tokens:
+        xb = _bits(x.contiguous()).reshape(n, h)
+        ob = _bits(out).reshape(-1, h)
+        br, bh = _blocks(h)
+        grid = (triton.cdiv(n, br), triton.cdiv(h, bh))
+        _scatter_rows_kernel[grid](xb, row_map.rows.contiguous(), ob, n, h, row_map.slots,
+                                   xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
+    return out
+
+
+def _fill_bits(dtype: torch.dtype, fill: float) -> int:
+    if dtype == torch.uint8:
+        return int(fill)
+    return int(_bits(torch.tensor([fill], dtype=dtype))[0])
+
+
+def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
+    """out[i] = x[src[i]], or ``fill`` where src[i] == -1, bit for bit."""
+    if x is None:
+        return None
+    out = torch.empty((len(src),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    h = x.shape[1] if x.dim() > 1 else 1
+    if src and h:
+        xb = _bits(x.contiguous()).reshape(-1, h)
+        ob = _bits(out).reshape(-1, h)
+        s = torch.tensor(src, dtype=torch.int64, device=x.device)
+        br, bh = _blocks(h)
+        grid = (triton.cdiv(len(src), br), triton.cdiv(h, bh))
+        _gather_rows_kernel[grid](xb, s, ob, len(src), h, _fill_bits(x.dtype, fill),
+                                  xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
+    return out
+
+
+@BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
+def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
+    row_map = make_row_id_map(routing, map_type, num_experts, num_out_tokens)
+    probs_out = None
+    if probs is not None:
+        # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
+        flat = probs.reshape(-1, 1).contiguous()
+        one_slot = RowIdMap(row_map.rows.reshape(-1, 1), map_type, num_experts,
+                            num_out_tokens, row_map.tokens_per_expert)
+        probs_out = _scatter(flat, one_slot).reshape(-1)
+    return _scatter(x, row_map), row_map, probs_out, _scatter(scale_inv, row_map)
+
+
+def _is_bf16(t) -> bool:
+    return t is not None and t.dtype == torch.bfloat16
+
+
+@BACKEND.implements(Op.MOE_UNPERMUTE, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
+def moe_unpermute(permuted, row_id_map, *, merging_probs):
+    n, h = row_id_map.num_tokens, permuted.shape[1]
+    out = torch.empty((n, h), dtype=permuted.dtype, device=permuted.device)
+    if n and h:
+        x = permuted.contiguous()
+        p = merging_probs.contiguous() if merging_probs is not None else x
+        br, bh = _blocks(h)
+        grid = (triton.cdiv(n, br), triton.cdiv(h, bh))
+        _unpermute_kernel[grid](as_kernel_arg(x), row_id_map.rows.contiguous(),
+                                as_kernel_arg(p), as_kernel_arg(out), n, h, row_id_map.slots,
+                                x.stride(0), out.stride(0),
+                                WITH_PROBS=merging_probs is not None,
+                                IS_BF16=_is_bf16(x), PROBS_BF16=_is_bf16(merging_probs),
+                                BLOCK_R=br, BLOCK_H=bh)
+    return out
+
+
+@BACKEND.implements(Op.MOE_UNPERMUTE_BWD, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
+def moe_unpermute_bwd(grad_out, row_id_map, *, permuted, merging_probs):
+    if merging_probs is None:  # the transposed scatter of a plain sum is permute's scatter
+        return _scatter(grad_out, row_id_map), None
+    h = grad_out.shape[1]
+    grad_permuted = torch.empty((row_id_map.num_out_tokens, h), dtype=grad_out.dtype,
+                                device=grad_out.device)
+    grad_probs = torch.zeros_like(merging_probs)
+    if row_id_map.num_tokens:
+        dy, x, p = grad_out.contiguous(), permuted.contiguous(), merging_probs.contiguous()
+        gp = grad_probs.contiguous()
+        n = row_id_map.num_tokens
+        br, bh = _blocks(h)
+        _unpermute_bwd_kernel[(triton.cdiv(n, br),)](
+            as_kernel_arg(dy), as_kernel_arg(x), row_id_map.rows.contiguous(), as_kernel_arg(p),
+            as_kernel_arg(grad_permuted), as_kernel_arg(gp), n, h, row_id_map.slots,
+            dy.stride(0), x.stride(0), grad_permuted.stride(0),
+            IS_BF16=_is_bf16(dy), PROBS_BF16=_is_bf16(p), BLOCK_R=br, BLOCK_H=bh)
+        grad_probs = gp
+    return grad_permuted, grad_probs
+
+
+@BACKEND.implements(Op.MOE_SORT_CHUNKS, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
+def moe_sort_chunks(x, *, split_sizes, sorted_index, probs, scale_inv):
+    src = chunk_source_rows(split_sizes, sorted_index)
+    probs_out = None if probs is None else _gather(probs.reshape(-1, 1), src).reshape(-1)
+    return _gather(x, src), probs_out, _gather(scale_inv, src)
+
+
+@BACKEND.implements(Op.MOE_PAD_ROWS, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
+def moe_pad_rows(x, *, splits, align, scale_inv, scale_fill):
+    src = pad_source_rows(splits, align)
+    return _gather(x, src), _gather(scale_inv, src, scale_fill)
+
+
+@BACKEND.implements(Op.MOE_UNPAD_ROWS, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
+def moe_unpad_rows(x, *, splits, align, scale_inv):
+    src = unpad_source_rows(splits, align)
+    return _gather(x, src), _gather(scale_inv, src)

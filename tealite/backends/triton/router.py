@@ -1,0 +1,251 @@
+"""TE's fused router as Triton kernels (semantics: tealite/ops/router.py): one program per
+block of tokens, the block's whole (tokens, experts) tile in registers (experts padded to a
+power of two, so any expert count, prime or not, runs with a masked tail).
+
+Forward, per token: the routing scores in fp32 (logits; softmax: max, exp, sum, IEEE
+division ``div_rn``; sigmoid ``div_rn(1, 1 + exp(-x))`` + bias), the group scores (each
+group's ``topk // group_topk`` best, taken one at a time) and the best ``group_topk``
+groups, then the top-k one expert at a time: the row maximum among the eligible experts not
+yet taken, and among equal scores the lowest expert index (declared ``topk_ties =
+lowest_index``); then the weights (softmax over the chosen logits, the pre-softmax score, or
+the sigmoid normalised by its sum + 1e-20) times the scaling factor.  Backward at the given
+map: the softmax / normalisation / sigmoid gradients in fp32.  The aux-loss scores use the
+same kernels (softmax over all experts, or the sigmoid normalised over all of them; their
+backward is the router backward with every expert in the map).
+
+Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
+exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  Rows wider than 8192
+experts are refused (one token block in registers).  The aux loss is not implemented here
+(a two-number reduction: the torch backend's).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
+from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite.moe_types import RouterConfig, ScoreFunction, TieRule
+from tealite.types import Op
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_EXPERTS = 8192
+_TILE = 4096  # elements of one program's (tokens, experts) tile
+# Score kinds (constexpr): softmax after the top-k, softmax before it, sigmoid.
+_POST, _PRE, _SIGMOID = 0, 1, 2
+
+
+def _numerics(params) -> dict:
+    return {"compute_dtype": torch.float32, "exp_ulps": 1 if INTERPRET else 2,
+            "topk_ties": TieRule.LOWEST_INDEX}
+
+
+def _too_wide(params) -> str | None:
+    if params["experts"] > _MAX_EXPERTS:
+        return (f"experts = {params['experts']} > {_MAX_EXPERTS} (a token block's rows in "
+                f"registers)")
+    return None
+
+
+def _kind(config: RouterConfig) -> int:
+    if config.score_function == ScoreFunction.SIGMOID:
+        return _SIGMOID
+    return _PRE if config.use_pre_softmax else _POST
+
+
+@triton.jit
+def _row_softmax(x, keep):
+    """Softmax over ``keep`` along axis 1 (0 elsewhere), IEEE division."""
+    xs = tl.where(keep, x, float("-inf"))
+    m = tl.max(xs, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.where(keep, tl.exp(xs - m[:, None]), 0.0)
+    total = tl.sum(e, axis=1)
+    return tl.where(keep, tl.math.div_rn(e, tl.where(total == 0.0, 1.0, total)[:, None]), 0.0)
+
+
+@triton.jit
+def _sigmoid(x):
+    return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _take_max(score, free, cols, BE: tl.constexpr):
+    """Per row: the largest ``score`` among ``free`` and the lowest column holding it."""
+    s = tl.where(free, score, float("-inf"))
+    v = tl.max(s, axis=1)
+    hit = free & (s == v[:, None])
+    idx = tl.min(tl.where(hit, cols, BE), axis=1)
+    return v, idx
+
+
+@triton.jit
+def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, topk, num_groups,
+                       group_topk, per_group, group_size, scale, KIND: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr, NORMALISE: tl.constexpr,
+                       AUX: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
+                       BE: tl.constexpr, BG: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    cols = tl.arange(0, BE)
+    valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
+    offs = rows[:, None] * experts + cols[None, :]
+    x = load_f32(x_ptr, offs, valid, IS_BF16)
+    if KIND == 2:
+        s = _sigmoid(x)
+        if AUX and NORMALISE:  # aux scores: normalised over every expert
+            s = tl.math.div_rn(s, (tl.sum(tl.where(valid, s, 0.0), axis=1) + 1e-20)[:, None])  # + SIGMOID_NORM_EPS
+        route = s
+        if HAS_BIAS:
+            route = s + tl.load(bias_ptr + cols, mask=cols < experts, other=0.0)[None, :]
+    elif KIND == 1:
+        s = _row_softmax(x, valid)
+        route = s
+    else:
+        s = x
+        route = x
+    eligible = valid
+    if GROUPED:
+        gcols = tl.arange(0, BG)
+        gscore = tl.full((BT, BG), float("-inf"), tl.float32)
+        for g in range(0, num_groups):
+            ingroup = valid & ((cols // group_size) == g)[None, :]
+            total = tl.zeros((BT,), tl.float32)
+            for _ in range(0, per_group):
+                v, idx = _take_max(route, ingroup, cols, BE)
+                total += v
+                ingroup = ingroup & (cols[None, :] != idx[:, None])
+            gscore = tl.where(gcols[None, :] == g, total[:, None], gscore)
+        gfree = (gcols < num_groups)[None, :] & (rows < tokens)[:, None]
+        eligible = valid & False
+        for _ in range(0, group_topk):
+            v, gi = _take_max(gscore, gfree, gcols, BG)
+            gfree = gfree & (gcols[None, :] != gi[:, None])
+            eligible = eligible | (valid & ((cols // group_size)[None, :] == gi[:, None]))
+    chosen = valid & False
+    free = eligible
+    for _ in range(0, topk):
+        v, idx = _take_max(route, free, cols, BE)
+        pick = cols[None, :] == idx[:, None]
+        chosen = chosen | (pick & valid)
+        free = free & ~pick
+    if AUX:
+        w = s
+    elif KIND == 0:
+        w = _row_softmax(x, chosen)
+    elif KIND == 2 and NORMALISE:
+        w = tl.math.div_rn(s, (tl.sum(tl.where(chosen, s, 0.0), axis=1) + 1e-20)[:, None])
+    else:
+        w = s
+    if not AUX:
+        w = tl.where(chosen, w * scale, 0.0)
+        store_f32(probs_ptr, offs, w, valid, IS_BF16)
+    else:
+        tl.store(probs_ptr + offs, w, mask=valid)
+    tl.store(map_ptr + offs, chosen.to(tl.int8), mask=valid)
+
+
+@triton.jit
+def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
+                       KIND: tl.constexpr, NORMALISE: tl.constexpr, ALL: tl.constexpr,
+                       G_F32: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
+                       BE: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    cols = tl.arange(0, BE)
+    valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
+    offs = rows[:, None] * experts + cols[None, :]
+    x = load_f32(x_ptr, offs, valid, IS_BF16)
+    if G_F32:
+        g = tl.load(g_ptr + offs, mask=valid, other=0.0)
+    else:
+        g = load_f32(g_ptr, offs, valid, IS_BF16)
+    if ALL:
+        m = valid
+    else:
+        m = valid & (tl.load(map_ptr + offs, mask=valid, other=0) != 0)
+    g = tl.where(m, g * scale, 0.0)
+    if KIND == 2:
+        s = _sigmoid(x)
+        if NORMALISE:
+            total = tl.sum(tl.where(m, s, 0.0), axis=1) + 1e-20
+            p = tl.sum(g * tl.where(m, s, 0.0), axis=1)
+            g = tl.where(m, tl.math.div_rn(g, total[:, None])
+                         - tl.math.div_rn(p, total * total)[:, None], 0.0)
+        dx = g * s * (1.0 - s)
+    else:
+        if KIND == 1:
+            y = _row_softmax(x, valid)
+        else:
+            y = _row_softmax(x, m)
+        dx = y * (g - tl.sum(g * y, axis=1)[:, None])
+    store_f32(dx_ptr, offs, dx, valid, IS_BF16)
+
+
+def _blocks(tokens: int, experts: int) -> tuple[int, int, int]:
+    be = triton.next_power_of_2(max(experts, 1))
+    bt = max(1, min(16, _TILE // be))
+    return bt, be, triton.cdiv(tokens, bt)
+
+
+def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
+    t, e = logits.shape
+    x = logits.contiguous()
+    out = torch.empty((t, e), dtype=torch.float32 if aux else x.dtype, device=x.device)
+    chosen = torch.empty((t, e), dtype=torch.bool, device=x.device)
+    bt, be, grid = _blocks(t, e)
+    if grid == 0:
+        return out.zero_(), chosen.zero_()
+    bias = expert_bias.float().contiguous() if expert_bias is not None else x
+    ng = config.num_groups or 1
+    _router_fwd_kernel[(grid,)](
+        as_kernel_arg(x), bias, out if aux else as_kernel_arg(out), chosen.view(torch.int8),
+        t, e, config.topk, ng, config.group_topk or 1, config.per_group, e // ng,
+        float(config.scale), KIND=_kind(config), HAS_BIAS=expert_bias is not None,
+        GROUPED=config.grouped, NORMALISE=config.normalises, AUX=aux,
+        IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be, BG=triton.next_power_of_2(ng))
+    return out, chosen
+
+
+def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
+    t, e = logits.shape
+    x, g = logits.contiguous(), grad.contiguous()
+    dx = torch.empty_like(x)
+    bt, be, grid = _blocks(t, e)
+    if grid == 0:
+        return dx
+    kind = _kind(config) if not aux else (_SIGMOID if config.score_function ==
+                                          ScoreFunction.SIGMOID else _PRE)
+    m = routing_map.contiguous().view(torch.int8) if routing_map is not None else x
+    _router_bwd_kernel[(grid,)](
+        g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), t, e,
+        1.0 if aux else float(config.scale), KIND=kind, NORMALISE=config.normalises,
+        ALL=routing_map is None, G_F32=aux, IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be)
+    return dx
+
+
+@BACKEND.implements(Op.ROUTER_FWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
+                    numerics=_numerics)
+def router_fwd(logits, config: RouterConfig, *, expert_bias):
+    return _launch_fwd(logits, config, expert_bias, aux=False)
+
+
+@BACKEND.implements(Op.ROUTER_BWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
+                    numerics=_numerics)
+def router_bwd(grad_probs, logits, routing_map, config: RouterConfig):
+    return _launch_bwd(grad_probs, logits, routing_map, config, aux=False)
+
+
+@BACKEND.implements(Op.ROUTER_AUX_SCORES_FWD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_too_wide, numerics=_numerics)
+def router_aux_scores_fwd(logits, config: RouterConfig):
+    aux = RouterConfig(config.topk, config.score_function, config.score_function ==
+                       ScoreFunction.SOFTMAX)
+    return _launch_fwd(logits, aux, None, aux=True)
+
+
+@BACKEND.implements(Op.ROUTER_AUX_SCORES_BWD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_too_wide, numerics=_numerics)
+def router_aux_scores_bwd(grad_scores, logits, config: RouterConfig):
+    return _launch_bwd(grad_scores, logits, None, config, aux=True)
+
+
