@@ -34,11 +34,13 @@ Router (TE's ``fused_topk_with_score_function``), see :class:`ScoreFunction`.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from tealite._checks import require
+from tealite.types import QuantizedTensor
 
 
 class ScoreFunction(str, enum.Enum):
@@ -82,3 +84,15 @@ def split_offsets(splits: Sequence[int]) -> tuple[int, ...]:
     for s in splits:
         out.append(out[-1] + s)
     return tuple(out)
+
+
+# ---- grouped quantization (tealite/ops/grouped_quantize.py) -------------------------------
+
+@dataclass
+class GroupedQuantized:
+    """What ``grouped_quantize`` returns: one :class:`~tealite.types.QuantizedTensor` per group
+    (group g's rows of x quantized exactly as ``quantize`` quantizes them alone), and with
+    ``dbias=True`` the per-group column sums of x, (G, K) in x's dtype (None otherwise)."""
+
+    tensors: tuple[QuantizedTensor, ...]
+    dbias: torch.Tensor | None = None

@@ -24,6 +24,7 @@ import torch
 from tealite import recipes as R
 from tealite import registry
 from tealite.attention_types import AttentionConfig
+from tealite.moe_types import GroupedQuantized
 from tealite.ops.quantize import QuantizedTensor
 from tealite.registry import Backend, register_backend, unregister_backend
 from tealite_verify.runner import run_case
@@ -38,7 +39,7 @@ RECORDER = "doc_recorder"
 TYPES = {"Tensor": torch.Tensor, "torch": torch, "Optional": Optional, "tuple": tuple,
          "dict": dict, "int": int, "float": float, "bool": bool, "str": str,
          "QuantizedTensor": QuantizedTensor, "DelayedScaling": R.DelayedScaling,
-         "AttentionConfig": AttentionConfig,
+         "AttentionConfig": AttentionConfig, "GroupedQuantized": GroupedQuantized,
          "Recipe": Union[R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
                          R.MXBlockScaling]}
 
@@ -155,12 +156,16 @@ def recorded():
             assert op in specs, f"op {op} has no spec of the same name to call it through"
             spec = specs[op]
             for case in spec.smoke_cases:
-                before = len(rec[op])
+                before = {o: len(calls) for o, calls in rec.items()}
                 with registry.trace() as dispatched:
                     spec.call(spec.make_inputs(case, "cpu"), case, RECORDER)
-                mine = [r.params for r in dispatched if r.backend == RECORDER and r.op == op]
-                for entry, params in zip(rec[op][before:], mine):
-                    entry[3] = params
+                # Every op the call dispatched (a composite such as grouped_quantize also
+                # calls quantize, for its parity check).
+                for ran in {r.op for r in dispatched if r.backend == RECORDER}:
+                    mine = [r.params for r in dispatched
+                            if r.backend == RECORDER and r.op == ran]
+                    for entry, params in zip(rec[ran][before.get(ran, 0):], mine):
+                        entry[3] = params
     finally:
         unregister_backend(RECORDER)
     return rec
