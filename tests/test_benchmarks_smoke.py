@@ -68,6 +68,19 @@ def test_rope_bytes_match_the_op():
     assert C.rope_bytes(tuple(t.shape), 10, 2) == t.nbytes + y.nbytes + f.nbytes
 
 
+def test_grouped_quantize_bytes_match_the_op():
+    from benchmarks.test_bench_grouped_quantize import grouped_bytes
+    x, splits = torch.randn(32, 130).bfloat16(), [5, 0, 27]
+    for recipe in (tealite.recipes.Float8CurrentScaling(), tealite.recipes.Float8BlockScaling()):
+        out = tealite.grouped_quantize(x, splits, recipe, columnwise=True, dbias=True,
+                                       backend="torch")
+        written = sum(t.nbytes for q in out.tensors for t in (
+            q.data, q.scale_inv, q.columnwise_data, q.columnwise_scale_inv, q.amax)
+            if t is not None)
+        assert grouped_bytes(recipe, splits, 130, rowwise=True, columnwise=True, dbias=True,
+                             itemsize=2) == x.nbytes + written + out.dbias.nbytes
+
+
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 def test_norm_bytes_match_the_op(kind):
     x, g, b = torch.randn(7, 96).bfloat16(), torch.randn(96).bfloat16(), torch.randn(96).bfloat16()
@@ -98,7 +111,8 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     assert data["tealite"]["failed"] == []
     # Rows that need only torch always run.
     for name in ("test_copy", "test_quantize[fp8-perrow-torch]", "test_norm_fwd[rmsnorm-torch]",
-                 "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]"):
+                 "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]",
+                 "test_grouped_quantize[torch-fp8-block1x128-ct-dbias-skewed]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     for b in ran.values():
