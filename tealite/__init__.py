@@ -5,6 +5,7 @@ from tealite.ops.attention import AttentionBwd, AttentionFwd, attention_bwd, att
 from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
 from tealite.ops.fused import act_fwd_quantize, layernorm_fwd_quantize, rmsnorm_fwd_quantize
 from tealite.ops.gemm import GemmOutput, gemm
+from tealite.ops.grouped_gemm import grouped_gemm, grouped_qgemm
 from tealite.ops.grouped_quantize import grouped_quantize
 from tealite.moe_types import GroupedQuantized
 from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_e8m0_scales,
@@ -29,5 +30,5 @@ __all__ = [
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
     "rope_fwd", "rope_bwd",
     "softmax_fwd", "softmax_bwd",
-    "grouped_quantize", "GroupedQuantized",
+    "grouped_gemm", "grouped_qgemm", "grouped_quantize", "GroupedQuantized",
 ]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -84,6 +84,26 @@ def split_offsets(splits: Sequence[int]) -> tuple[int, ...]:
     for s in splits:
         out.append(out[-1] + s)
     return tuple(out)
+
+
+# --- grouped GEMM (tealite/ops/grouped_gemm.py) -------------------------------------------
+
+# The layouts a grouped GEMM takes (TE's grouped GEMM uses these three; TT has no MoE use).
+GROUPED_LAYOUTS = ("TN", "NN", "NT")
+
+
+def splits_k(layout: str) -> bool:
+    """Whether ``layout`` splits the contraction dimension (NT, wgrad) rather than M."""
+    return layout == "NT"
+
+
+class ScaledOperand(NamedTuple):
+    """One group's quantized operand as a grouped qgemm backend reads it: its codes and
+    scales in the K-last orientation (tealite/ops/qgemm.py's ``k_last``), so that group g's
+    product is ``B_g @ A_g^T`` whatever the layout."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor | None
 
 
 # ---- grouped quantization (tealite/ops/grouped_quantize.py) -------------------------------

@@ -62,6 +62,12 @@ class Numerics:
     # "may_flush": subnormal operands may be treated as zero (oneDNN's bf16 matmul on
     # AVX512-BF16 / AMX CPUs); probed by the backend, never assumed.
     subnormal_inputs: str | None = None
+    # --- grouped ops (grouped_gemm / grouped_qgemm; tealite/moe_types.py) -----------------
+    # the grouped path computes every group with exactly the arithmetic of the same backend's
+    # single op (gemm / qgemm) on that group, so the two agree bit for bit; the harness's
+    # parity oracle (tealite_verify/tiers/parity.py) then demands equality, and otherwise
+    # (default False: a different tiling or accumulation order) holds them to the GEMM bound.
+    grouped_matches_split: bool = False
     # --- quantizers and fused quantizing ops -------------------------------------------
     # ulps of error in an fp32 division (the scale or its inverse; default 0: exact IEEE).
     fp32_div_ulps: int | None = None

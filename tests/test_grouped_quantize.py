@@ -23,7 +23,7 @@ from tealite.moe_types import GroupedQuantized, split_offsets
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 from tealite_verify.tiers.metrics import Tier
-from tealite_verify.tiers.parity import check_parity
+from tealite_verify.tiers.parity import judge_outputs
 
 SPEC = get_spec("grouped_quantize")
 CURRENT = R.Float8CurrentScaling()
@@ -141,16 +141,16 @@ def test_triton_and_torch_agree_with_the_references(case):
 def test_parity_tier_passes_equal_bits_and_any_nan():
     nan_a = torch.tensor([1.0, float("nan")])
     nan_b = torch.tensor([1.0, -float("nan")])  # another NaN pattern: NaN matches NaN
-    m = check_parity({"g0.data": nan_a}, {"g0.data": nan_b})
+    m = judge_outputs({"g0.data": nan_a}, {"g0.data": nan_b})
     assert m.passed and m.tier is Tier.PARITY
 
 
 def test_parity_tier_catches_one_bit_and_a_lost_group():
     a = torch.tensor([1.0, 2.0])
     b = torch.tensor([1.0, float(np.nextafter(np.float32(2.0), np.float32(3.0)))])
-    m = check_parity({"g0.data": a, "g1.data": a}, {"g0.data": a, "g1.data": b})
+    m = judge_outputs({"g0.data": a, "g1.data": a}, {"g0.data": a, "g1.data": b})
     assert not m.passed and m.mismatches == 1 and "g1.data" in m.note
-    lost = check_parity({"g0.data": a}, {"g0.data": a, "g1.data": a})
+    lost = judge_outputs({"g0.data": a}, {"g0.data": a, "g1.data": a})
     assert not lost.passed and "g1.data" in lost.shape_error
 
 

@@ -156,15 +156,13 @@ def recorded():
             assert op in specs, f"op {op} has no spec of the same name to call it through"
             spec = specs[op]
             for case in spec.smoke_cases:
-                before = {o: len(calls) for o, calls in rec.items()}
+                # Every op the call dispatches (a grouped op's split path calls gemm too).
+                before = {o: len(rec[o]) for o in registry_ops()}
                 with registry.trace() as dispatched:
                     spec.call(spec.make_inputs(case, "cpu"), case, RECORDER)
-                # Every op the call dispatched (a composite such as grouped_quantize also
-                # calls quantize, for its parity check).
-                for ran in {r.op for r in dispatched if r.backend == RECORDER}:
-                    mine = [r.params for r in dispatched
-                            if r.backend == RECORDER and r.op == ran]
-                    for entry, params in zip(rec[ran][before.get(ran, 0):], mine):
+                for o, start in before.items():
+                    mine = [r.params for r in dispatched if r.backend == RECORDER and r.op == o]
+                    for entry, params in zip(rec[o][start:], mine):
                         entry[3] = params
     finally:
         unregister_backend(RECORDER)

@@ -45,6 +45,54 @@ def k_last(q: QuantizedTensor, k_first: bool, name: str):
     return q.data, q.scale_inv
 
 
+class QGemmOperands(NamedTuple):
+    """A checked operand pair: the scaled-GEMM kind, the product's dims and each operand's
+    K-last (codes, scales)."""
+
+    kind: str
+    m: int
+    n: int
+    k: int
+    a_codes: torch.Tensor
+    a_scales: torch.Tensor | None
+    b_codes: torch.Tensor
+    b_scales: torch.Tensor | None
+
+
+def check_operands(a: QuantizedTensor, b: QuantizedTensor, layout: str, *, a_name: str = "a",
+                   b_name: str = "b") -> QGemmOperands:
+    """Check that ``a`` and ``b`` form a qgemm operand pair under ``layout`` (recipes qgemm
+    takes and that pair, 1x128 activations for block scaling, matching K, the K-last data
+    present); errors name ``a_name`` / ``b_name``.  Shared with tealite/ops/grouped_gemm.py."""
+    for name, q in ((a_name, a), (b_name, b)):
+        require(isinstance(q, QuantizedTensor),
+                f"{name} must be a QuantizedTensor, got {type(q).__name__}")
+    kind_a, kind_b = qgemm_kind(a.recipe), qgemm_kind(b.recipe)
+    for name, q, kind in ((a_name, a, kind_a), (b_name, b, kind_b)):
+        gran = getattr(q.recipe, "scale_granularity", None)
+        require(kind is not None, f"{name}'s recipe has scale_granularity {gran}; qgemm takes "
+                                  f"scales per {[g.value for g in QGEMM_KINDS]}")
+    require(kind_a == kind_b, f"{a_name} and {b_name} must use compatible recipes, got "
+                              f"{kind_a} and {kind_b}")
+    if kind_a == "block":
+        require(tuple(b.recipe.block) == (1, 128),
+                f"{b_name} (activations) must use 1x128 block scaling, got {b.recipe.block}")
+    n, k_a = a.shape if layout[0] == "T" else a.shape[::-1]
+    m, k_b = b.shape if layout[1] == "N" else b.shape[::-1]
+    require(k_a == k_b, f"contraction dims differ under layout {layout}: {a_name} gives K={k_a} "
+                        f"({a_name} shape {a.shape}), {b_name} gives K={k_b} ({b_name} shape "
+                        f"{b.shape})")
+    a_codes, a_scales = k_last(a, layout[0] == "N", a_name)
+    b_codes, b_scales = k_last(b, layout[1] == "T", b_name)
+    return QGemmOperands(kind_a, m, n, k_a, a_codes, a_scales, b_codes, b_scales)
+
+
+def operand_devices(ops: QGemmOperands) -> set:
+    """The devices of a checked pair's codes and scales."""
+    return {t.device for t in (ops.a_codes, ops.b_codes, ops.a_scales, ops.b_scales)
+            if t is not None}
+
+
 def qgemm(a: QuantizedTensor, b: QuantizedTensor, *, layout: str = "TN",
           out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
           backend: str | None = None) -> QGemmOutput:
@@ -53,25 +101,13 @@ def qgemm(a: QuantizedTensor, b: QuantizedTensor, *, layout: str = "TN",
         require(isinstance(q, QuantizedTensor),
                 f"{name} must be a QuantizedTensor, got {type(q).__name__}")
     check_dtype_in("out_dtype", out_dtype, FLOAT_DTYPES)
-    kind_a, kind_b = qgemm_kind(a.recipe), qgemm_kind(b.recipe)
-    for name, q, kind in (("a", a, kind_a), ("b", b, kind_b)):
-        gran = getattr(q.recipe, "scale_granularity", None)
-        require(kind is not None, f"{name}'s recipe has scale_granularity {gran}; qgemm takes "
-                                  f"scales per {[g.value for g in QGEMM_KINDS]}")
-    require(kind_a == kind_b, f"a and b must use compatible recipes, got {kind_a} and {kind_b}")
-    if kind_a == "block":
-        require(tuple(b.recipe.block) == (1, 128),
-                f"b (activations) must use 1x128 block scaling, got {b.recipe.block}")
-    n, k_a = a.shape if layout[0] == "T" else a.shape[::-1]
-    m, k_b = b.shape if layout[1] == "N" else b.shape[::-1]
-    require(k_a == k_b, f"contraction dims differ under layout {layout}: a gives K={k_a} "
-                        f"(a shape {a.shape}), b gives K={k_b} (b shape {b.shape})")
-    a_codes, a_scales = k_last(a, layout[0] == "N", "a")
-    b_codes, b_scales = k_last(b, layout[1] == "T", "b")
+    ops = check_operands(a, b, layout)
+    kind_a, m, n, k_a = ops.kind, ops.m, ops.n, ops.k
+    a_codes, a_scales, b_codes, b_scales = ops.a_codes, ops.a_scales, ops.b_codes, ops.b_scales
     if bias is not None:
         check_tensor("bias", bias, ndim=1)
         check_shape("bias", bias, (n,), "one value per output column N")
-    devices = {t.device for t in (a_codes, b_codes, a_scales, b_scales) if t is not None}
+    devices = operand_devices(ops)
     if bias is not None:
         devices.add(bias.device)
     require(len(devices) == 1, f"all operands must be on one device, got {sorted(map(str, devices))}")

@@ -30,7 +30,11 @@ from tealite import registry
 from tealite_verify import coverage
 
 ENV_VAR = "TEALITE_FINDINGS"
-KINDS = ("mismatch", "error", "crash", "hang")
+# "parity": a grouped op's fused path disagrees with the same backend's split per-group path
+# (tealite_verify/tiers/parity.py), reported apart from a mismatch with the reference.
+KINDS = ("mismatch", "error", "crash", "hang", "parity")
+# The kinds whose case a worker replays in its own process (crash / hang could take it down).
+REPLAYED_KINDS = ("mismatch", "error", "parity")
 
 
 def now_iso() -> str:
@@ -51,7 +55,8 @@ def signature_class(kind: str, case: dict, metrics: dict) -> dict:
     bugs live (recipe, roundings, format, dtype, tier, edge class); for an error, crash or
     hang none (the exception type or the signal names those, and a crashing kernel crashes on
     every class the shrinker walks through)."""
-    return coverage.case_class(case, metrics.get("tier")) if kind == "mismatch" else {}
+    return coverage.case_class(case, metrics.get("tier")) if kind in ("mismatch", "parity") \
+        else {}
 
 
 def recipe_description(case: dict) -> str:
@@ -78,7 +83,7 @@ def shape_summary(case: dict) -> str:
 
 @dataclass
 class Finding:
-    kind: str              # "mismatch" | "error" | "crash" | "hang"
+    kind: str              # one of KINDS: "mismatch" | "error" | "crash" | "hang" | "parity"
     op: str
     backends: list[str]    # the backend(s) involved, e.g. ["triton"] or ["triton", "torch"]
     output: str | None     # failing output name (mismatch) else None

@@ -132,8 +132,10 @@ def _error_type(reason: str | None) -> str:
 
 def classify(rep, device: str, versions: dict, seed) -> list:
     """The findings in a failing CaseReport: each backend error, each failed comparison with
-    the reference, and pairwise disagreements between backends that both pass the reference."""
+    the reference (a failed parity check, tiers/parity.py, as a finding of kind "parity"), and
+    pairwise disagreements between backends that both pass the reference."""
     from tealite_verify.fuzz.findings import new_finding
+    from tealite_verify.tiers.metrics import Tier
     out = []
     for o in rep.errors:
         out.append(new_finding("error", rep.op, [o.backend], rep.case, device,
@@ -149,8 +151,9 @@ def classify(rep, device: str, versions: dict, seed) -> list:
             continue  # already blamed on the backend that misses the reference
         names = [c.lhs, c.rhs] if pair else [c.lhs]
         m = c.metrics.to_dict()
-        vs = c.rhs
-        out.append(new_finding("mismatch", rep.op, names, rep.case, device, output=c.output,
+        vs = "its split path" if c.metrics.tier is Tier.PARITY else c.rhs
+        kind = "parity" if c.metrics.tier is Tier.PARITY else "mismatch"
+        out.append(new_finding(kind, rep.op, names, rep.case, device, output=c.output,
                                detail=f"{c.lhs} vs {vs} [{c.output}]: {c.metrics.summary()}",
                                metrics=m, versions=versions, seed=seed))
     return out
@@ -392,10 +395,10 @@ class Worker:
     def _known_cases(self, op: str, dtype, names, recipe) -> list[dict]:
         """Cases of stored mismatch / error findings this target can judge (crash and hang
         cases would only kill this worker again: the supervisor's replay handles those)."""
-        from tealite_verify.fuzz.findings import Corpus, recipe_description
+        from tealite_verify.fuzz.findings import REPLAYED_KINDS, Corpus, recipe_description
         out = []
         for _, f in Corpus(self.cfg["corpus"]).all():
-            if (f.op == op and f.kind in ("mismatch", "error") and set(f.backends) <= set(names)
+            if (f.op == op and f.kind in REPLAYED_KINDS and set(f.backends) <= set(names)
                     and f.device == self.device and (dtype is None or f.dtype == dtype)
                     and (not recipe or recipe in recipe_description(f.case))):
                 out.append(f.case)

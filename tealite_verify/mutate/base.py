@@ -23,7 +23,7 @@ KINDS = ("rounding-mode", "scale-exponent", "k-ulp", "operand", "epilogue", "pre
 
 _OPERATOR_MODULES = ("operators_gemm", "operators_norms", "operators_act", "operators_quant",
                      "operators_fused", "operators_layouts", "operators_rope",
-                     "operators_softmax", "operators_attention",
+                     "operators_softmax", "operators_attention", "operators_grouped",
                      "operators_grouped_quant")
 
 

@@ -94,7 +94,7 @@ def time_to_finding(doc: dict, finding: dict) -> float:
 def torch_fails_too(finding: dict) -> bool:
     """Replay a mismatch / error finding's case on torch (crash / hang cases are not replayed
     in this process: they could take it down)."""
-    if finding.get("kind") not in ("mismatch", "error"):
+    if finding.get("kind") not in ("mismatch", "error", "parity"):
         return False
     from tealite_verify.runner import run_case
     from tealite_verify.specs import get_spec

@@ -137,6 +137,8 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "softmax_fwd": (lambda r, k: move_tensor(r, k), "y"),
     "softmax_bwd": (lambda r, k: move_tensor(r, k), "dx"),
     "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
+    "grouped_gemm": (lambda r, k: move_tensor(r, k), "out"),
+    "grouped_qgemm": (lambda r, k: move_tensor(r, k), "out"),
 }
 
 

@@ -38,7 +38,7 @@ from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.specs import quantize as quantize_spec
 from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
-from tealite_verify.strategies.moe import GQ_LIMITS, gq_directions, m_splits
+from tealite_verify.strategies.moe import GQ_LIMITS, gq_directions, gq_splits
 from tealite_verify.strategies.recipes import (FP8_SCALE_RULES, given_scale, recipe_from_json,
                                                recipes)
 from tealite_verify.strategies.shapes import dim
@@ -46,7 +46,7 @@ from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
 from tealite_verify.tiers import ulp
 from tealite_verify.tiers.metrics import Tier
-from tealite_verify.tiers.parity import check_parity
+from tealite_verify.tiers.parity import judge_outputs
 
 FIELDS = ("data", "scale_inv", "columnwise_data", "columnwise_scale_inv", "amax")
 SPLIT = "split."  # prefix of the split path's outputs in call()'s dict
@@ -75,7 +75,7 @@ def cases(draw, dtype: str | None = None, size: str = "ci"):
     if blk and not pad and rowwise:
         k = blk * max(1, k // blk)
     unit = blk if blk and not pad and columnwise else 1
-    splits = draw(m_splits(max(max_rows, unit), max_groups, multiple_of=unit))
+    splits = draw(gq_splits(max_rows, max_groups, unit))
     zero_group = draw(st.none() | st.integers(0, len(splits) - 1))
     return {"recipe": entry, "dtype": dtype, "m_splits": splits, "shape": [sum(splits), k],
             "rowwise": rowwise, "columnwise": columnwise, "pad": pad,
@@ -159,7 +159,7 @@ def _parity_expected() -> Expected:
     def check(outs, numerics):
         split = _strip(outs, SPLIT)
         fused = {k: v for k, v in outs.items() if k.startswith("g")}
-        return check_parity(fused, split)
+        return judge_outputs(fused, split)
 
     return Expected(None, None, Tier.PARITY, check=check)
 

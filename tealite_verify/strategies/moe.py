@@ -1,6 +1,5 @@
-"""Strategies for the MoE family (issue 16): token splits and the grouped ops' cases.
-
-One block per op family; each block owns its own names.
+"""Strategies for the MoE family (issue 16).  One block per op family; each block owns its
+names (the router, permutation and grouped-quantize blocks live beside this one).
 """
 from __future__ import annotations
 
@@ -9,51 +8,67 @@ import functools
 from hypothesis import strategies as st
 
 from tealite_verify.strategies.choices import pick
-from tealite_verify.strategies.shapes import PRIMES
+from tealite_verify.strategies.shapes import PRIMES, dim
 
-# ---- token splits (m_splits) ---------------------------------------------------------------
+# ---- token splits (m_splits), shared by every grouped op ----------------------------------
 
+# How a split is drawn; each is a shape that breaks grouped kernels.
 SPLIT_KINDS = ("zeros", "primes", "one_group", "many_small", "uniform")
 
 
 @functools.lru_cache(maxsize=None)
-def _split_kind() -> st.SearchStrategy[str]:
-    return st.sampled_from(SPLIT_KINDS)
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
 
 
 @st.composite
-def m_splits(draw, max_total: int, max_groups: int, *, multiple_of: int = 1):
-    """A list of G >= 1 non-negative group sizes whose sum is at most ``max_total``, each a
-    multiple of ``multiple_of``.  The shapes that break grouped kernels, by kind:
+def m_splits(draw, max_total: int, max_groups: int = 8) -> list[int]:
+    """G in 1..``max_groups`` non-negative group sizes summing to at most ``max_total``:
 
-    * ``zeros``: empty groups among non-empty ones (first, last and middle);
-    * ``primes``: prime group sizes (blocks straddle the group boundaries);
-    * ``one_group``: every token in one group of several (the others empty);
+    * ``zeros``: empty groups among non-empty ones (first, last or middle);
+    * ``primes``: prime sizes, so tiles straddle group boundaries;
+    * ``one_group``: every token in one group of several, the others empty;
     * ``many_small``: many groups of 0-3 rows;
     * ``uniform``: sizes drawn uniformly.
     """
-    kind = draw(_split_kind())
-    unit = multiple_of
-    cap = max(1, max_total // unit)  # in units
-    groups = draw(st.integers(1, max_groups))
+    kind = draw(pick(*SPLIT_KINDS))
+    groups = draw(st.one_of(pick(1, max_groups), _ints(1, max_groups)))
+    share = max(1, max_total // groups)
     if kind == "zeros":
-        sizes = [draw(st.integers(0, max(1, cap // groups))) for _ in range(groups)]
-        for g in draw(st.lists(st.integers(0, groups - 1), min_size=1, max_size=groups)):
+        sizes = [draw(_ints(0, share)) for _ in range(groups)]
+        for g in draw(st.lists(_ints(0, groups - 1), min_size=1, max_size=groups)):
             sizes[g] = 0
     elif kind == "primes":
-        primes = [p for p in PRIMES if p * unit <= max_total // max(1, groups)] or [1]
-        sizes = [draw(st.sampled_from(primes)) for _ in range(groups)]
+        primes = [p for p in PRIMES if p <= share] or [1]
+        sizes = [draw(pick(*primes)) for _ in range(groups)]
     elif kind == "one_group":
         sizes = [0] * groups
-        sizes[draw(st.integers(0, groups - 1))] = draw(st.integers(1, cap))
+        sizes[draw(_ints(0, groups - 1))] = draw(st.one_of(pick(max_total), _ints(0, max_total)))
     elif kind == "many_small":
-        groups = max(groups, min(max_groups, cap))
-        sizes = [draw(st.integers(0, min(3, cap // groups))) for _ in range(groups)]
+        groups = max_groups
+        sizes = [draw(_ints(0, min(3, max(0, max_total // groups)))) for _ in range(groups)]
     else:
-        sizes = [draw(st.integers(0, max(1, cap // groups))) for _ in range(groups)]
-    while sum(sizes) > cap:  # keep the total within the cap (shrink the largest)
+        sizes = [draw(_ints(0, share)) for _ in range(groups)]
+    while sum(sizes) > max_total:  # a prime or uniform draw may overshoot: trim the largest
         sizes[sizes.index(max(sizes))] -= 1
-    return [s * unit for s in sizes]
+    return sizes
+
+
+# ---- grouped GEMM (tealite_verify/specs/grouped_gemm.py, grouped_qgemm.py) ----------------
+
+# (max split total, max M / N, max K) per size.  The ci size keeps interpreted Triton
+# cases tiny: a grouped kernel runs one program per (group, tile), the split path one GEMM
+# launch per group.
+GROUPED_GEMM_LIMITS = {"ci": (64, 64, 64), "local": (512, 256, 1024),
+                       "large": (4096, 2048, 4096)}
+
+
+def grouped_gemm_dims(size: str = "ci") -> st.SearchStrategy[tuple[list[int], int, int, int]]:
+    """(m_splits, M, N, K) of a grouped GEMM case, valid under every layout: the splits cut
+    the tokens (TN / NN: rows, summing to M_total; NT: the contraction, summing to K_total);
+    M is NT's output rows, K the split-M contraction; N (and K) often off the 16-grid."""
+    total, max_mn, max_k = GROUPED_GEMM_LIMITS[size]
+    return st.tuples(m_splits(total), dim(max_mn), dim(max_mn), dim(max_k))
 
 
 # ---- grouped quantize (tealite_verify/specs/grouped_quantize.py) ---------------------------
@@ -68,5 +83,8 @@ def gq_directions() -> st.SearchStrategy[tuple[bool, bool]]:
     return pick((True, False), (False, True), (True, True))
 
 
-def gq_dbias() -> st.SearchStrategy[bool]:
-    return st.booleans()
+@st.composite
+def gq_splits(draw, max_rows: int, max_groups: int, unit: int = 1) -> list[int]:
+    """:func:`m_splits` in multiples of ``unit`` rows (MX columnwise: whole 32-row blocks per
+    group), summing to at most ``max(max_rows, unit)``."""
+    return [s * unit for s in draw(m_splits(max(1, max_rows // unit), max_groups))]

@@ -15,6 +15,8 @@ module                       tiers (labels)
 ``bounded``                  ``bounded``: the comparison under every value tier
 ``ulp``                      ``ulp``, ``ulp-pair``
 ``gemm``                     ``gemm``, ``gemm-pair``
+``grouped_gemm``             ``gemm`` per group (each group's K), empty groups ``exact``
+``parity``                   ``parity``: a grouped path against its own split path
 ``probabilistic``            opt-in "suspicious" verdict on the gemm tier
 ``quantized``                quantized codes and scales (``exact``), ``absent`` amax
 ``fp32_div``                 ``div-<n>ulp``, ``recip-<n>ulp``, ``fp32-div-pair``

@@ -48,7 +48,7 @@ class Tier(str, enum.Enum):
     SCALE_INTERVAL_PAIR = "scale-interval-pair"
     AMAX_INTERVAL = "amax-interval"    # fused quantizers' reported amax
     AMAX_INTERVAL_PAIR = "amax-interval-pair"
-    PARITY = "parity"                  # fused grouped path == its split path (tiers/parity.py)
+    PARITY = "parity"                  # grouped vs split path of one backend (tiers/parity.py)
     ABSENT = "absent"                  # an output that must (or may) be missing
     ABSENT_PAIR = "absent-pair"
     MALFORMED = "malformed"            # dtype / shape / presence broken: nothing to judge

@@ -1,28 +1,56 @@
-"""The ``parity`` tier (issue 16): a backend's fused grouped path against its own split path.
+"""The ``parity`` tier: a backend's fused grouped path against its own split path (issue 16).
 
-A grouped op (grouped quantize; grouped GEMM where both paths declare one accumulation order)
-must give, for every group, exactly what the backend's single-tensor op gives for that group
-alone.  This is a property of one backend, so the tier compares two sets of that backend's own
-outputs, never a reference: ``fused`` maps output names to the grouped op's tensors and
-``split`` the same names to the per-group calls' tensors.  Each pair is compared bitwise
-(tiers/exact.py, NaN matching NaN, as the exact tier does), and the verdict aggregates every
-pair: the mismatches and elements summed, the worst pair's report kept with its name in
-``note``.  A name on one side only is malformed (a group the fused path lost or invented).
+The split path is the same backend's single op run group by group (a loop of ``gemm`` /
+``qgemm`` calls, specs/grouped_gemm.py builds it), so parity needs no reference: it asks
+whether fusing the groups changed anything.  Where the backend declares
+``grouped_matches_split`` (tealite/numerics.py) the grouped path promises the split path's
+arithmetic, and the two must agree bit for bit; a grouped kernel that drops the last group's
+rows, multiplies a group by its neighbour's weight or reads a stale workspace cannot.
+Otherwise the two paths may round differently (a different tiling or accumulation order), and
+each is within its own bound of the float64 reference, so they may differ by the sum of the
+two bounds (the pair rule of tiers/bounded.py): the grouped one under the grouped op's
+declaration, the split one group by group under what the single op declared for that
+group's call (the spec records it while running the split path).
 
-There is no pair rule: two backends' parity verdicts are independent, and their outputs are
-compared with each other by the op's own tiers.
+Grouped quantize (specs/grouped_quantize.py) has no such choice: its contract is bit
+equality with the backend's own per-group ``quantize`` for every output (codes, scales, amax
+of every group), so :func:`judge_outputs` compares each named output bitwise and aggregates
+them into one verdict (mismatches and elements summed, the worst output named in ``note``; an
+output on one path only is malformed: a group the fused path lost or invented).
+
+A parity failure is reported as a finding of its own kind ("parity", tealite_verify/fuzz),
+even where the grouped output also misses the reference: that the split path does not is the
+diagnosis (the fused path, not the arithmetic, is wrong).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Mapping
 
+import torch
+
+from tealite_verify.tiers import bounded
 from tealite_verify.tiers.exact import compare_exact
-from tealite_verify.tiers.metrics import Metrics, Tier, malformed
+from tealite_verify.tiers.metrics import Metrics, Tier, absent, malformed
 
 
-def check_parity(fused: Mapping, split: Mapping) -> Metrics:
-    """Bitwise parity of every output the two paths name (see the module docstring)."""
+def judge(grouped: torch.Tensor, split: torch.Tensor | None, expected, tol_grouped,
+          tol_split, out_dtype, *, matches_split: bool) -> Metrics:
+    """``grouped`` vs ``split``: bitwise when ``matches_split``, else within the sum of the
+    two paths' bounds against ``expected`` (the float64 reference): ``tol_grouped()`` under
+    the grouped declaration, ``tol_split()`` under the single op's (callables: only a bounded
+    comparison computes them)."""
+    if split is None:
+        return absent("no split path: the backend's single op refused a group")
+    if matches_split:
+        return replace(compare_exact(grouped, split), tier=Tier.PARITY)
+    return bounded.compare_pair(grouped, split, expected, tol_grouped(), tol_split(),
+                                out_dtype, Tier.PARITY)
+
+
+def judge_outputs(fused: Mapping, split: Mapping) -> Metrics:
+    """Every output ``fused`` and ``split`` name, bitwise (NaN matching NaN, as the exact tier
+    does), as one parity verdict (see the module docstring)."""
     lost = sorted(set(fused) ^ set(split))
     if lost:
         return replace(malformed(f"outputs on one path only: {lost} (fused {sorted(fused)}, "

@@ -12,6 +12,6 @@ BACKEND = register_backend(Backend(
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
 FAMILIES = ("activations", "gemm", "layouts", "norms", "qgemm", "quantize", "fused", "rope",
-            "attention", "softmax", "grouped_quantize")
+            "attention", "softmax", "grouped_gemm", "grouped_quantize")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
