@@ -139,6 +139,8 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "attention_fwd": _at(0, "out"), "attention_bwd": _at(0, "dq"),
     "grouped_gemm": (lambda r, k: move_tensor(r, k), "out"),
     "grouped_qgemm": (lambda r, k: move_tensor(r, k), "out"),
+    # Group 0's codes (a case whose group 0 is empty or columnwise only does not count).
+    "grouped_quantize": (lambda r, k: (_move_codes(r.tensors[0], k), r)[1], "g0.data"),
 }
 
 
