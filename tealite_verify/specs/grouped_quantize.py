@@ -201,9 +201,12 @@ SMOKE = (
            "float16", [32, 0, 32], 64, columnwise=True, dbias=False, seed=3),
     _smoke({"kind": "delayed", "fmt": "e5m2", "scale": 0.75}, "float32", [4, 2, 0], 17,
            seed=4),
+    _smoke(_CURRENT, "float16", [0, 0], 24, columnwise=True, seed=5),  # every group empty
 )
 
 register(OpSpec(
     name=Op.GROUPED_QUANTIZE, family="moe", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference, smoke_cases=SMOKE, drives=(Op.GROUPED_QUANTIZE, Op.QUANTIZE),
-    coverage=cov.family_cells("recipe") + cov.direction_cells()))
+    # Value edges that set "dist" only: a shape edge would break sum(m_splits) == M.
+    coverage=cov.family_cells("recipe") + cov.direction_cells() + cov.edge_cells(
+        (cov.NONFINITE, cov.TIES, cov.ZERO_BLOCK, cov.SUBNORMAL_BLOCK))))
