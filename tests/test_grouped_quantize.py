@@ -227,3 +227,21 @@ def test_dbias_bound_passes_correct_sums_in_another_order(make_backend, fn):
 def test_dbias_bound_catches_a_bf16_accumulator(make_backend):
     m = _dbias_verdict(make_backend, _bf16_accumulator)
     assert not m.passed and m.mismatches > 0, m
+
+
+@needs_triton
+@pytest.mark.parametrize("recipe", [CURRENT, R.DelayedScaling(), R.Float8BlockScaling(),
+                                    R.Float8BlockScaling(block=(128, 128))], ids=str)
+def test_triton_fused_recipes_never_launch_per_group(monkeypatch, recipe):
+    """FP8 per-tensor and block recipes take the one-launch path: the per-group quantize (the
+    split path the other recipes fall back to) is never called."""
+    from tealite.backends.triton import grouped_quantize as G
+
+    def refuse(*a, **k):
+        raise AssertionError("per-group launch on a fused recipe")
+
+    monkeypatch.setattr(G.triton_quantize, "quantize", refuse)
+    scale = torch.ones(4) if recipe.scale_given else None
+    out = tealite.grouped_quantize(_x(9, 40), [2, 0, 6, 1], recipe, columnwise=True,
+                                   dbias=True, scale=scale, backend="triton")
+    assert len(out.tensors) == 4 and out.dbias.shape == (4, 40)
