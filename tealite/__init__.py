@@ -6,6 +6,8 @@ from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
 from tealite.ops.fused import act_fwd_quantize, layernorm_fwd_quantize, rmsnorm_fwd_quantize
 from tealite.ops.gemm import GemmOutput, gemm
 from tealite.ops.grouped_gemm import grouped_gemm, grouped_qgemm
+from tealite.ops.grouped_quantize import grouped_quantize
+from tealite.moe_types import GroupedQuantized
 from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_e8m0_scales,
                                  unshuffle_weight)
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
@@ -37,7 +39,7 @@ __all__ = [
     "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks", "PaddedRows",
     "moe_ffn_fwd",
     "softmax_fwd", "softmax_bwd",
-    "grouped_gemm", "grouped_qgemm",
+    "grouped_gemm", "grouped_qgemm", "grouped_quantize", "GroupedQuantized",
     "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
     "moe_aux_loss_fwd", "moe_aux_loss_bwd",
 ]

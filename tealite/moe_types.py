@@ -43,6 +43,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from tealite._checks import require
+from tealite.types import QuantizedTensor
 
 
 class ScoreFunction(str, enum.Enum):
@@ -296,3 +297,13 @@ class MoEMerge(str, enum.Enum):
         return self.value
 
     __format__ = str.__format__
+# ---- grouped quantization (tealite/ops/grouped_quantize.py) -------------------------------
+
+@dataclass
+class GroupedQuantized:
+    """What ``grouped_quantize`` returns: one :class:`~tealite.types.QuantizedTensor` per group
+    (group g's rows of x quantized exactly as ``quantize`` quantizes them alone), and with
+    ``dbias=True`` the per-group column sums of x, (G, K) in x's dtype (None otherwise)."""
+
+    tensors: tuple[QuantizedTensor, ...]
+    dbias: torch.Tensor | None = None

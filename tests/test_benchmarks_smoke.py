@@ -78,6 +78,17 @@ def test_router_bytes_match_the_op(bwd):
     else:
         actual = x.nbytes + probs.nbytes + routing_map.nbytes
     assert C.router_bytes(9, 16, 2, bwd=bwd) == actual
+def test_grouped_quantize_bytes_match_the_op():
+    from benchmarks.test_bench_grouped_quantize import grouped_bytes
+    x, splits = torch.randn(32, 130).bfloat16(), [5, 0, 27]
+    for recipe in (tealite.recipes.Float8CurrentScaling(), tealite.recipes.Float8BlockScaling()):
+        out = tealite.grouped_quantize(x, splits, recipe, columnwise=True, dbias=True,
+                                       backend="torch")
+        written = sum(t.nbytes for q in out.tensors for t in (
+            q.data, q.scale_inv, q.columnwise_data, q.columnwise_scale_inv, q.amax)
+            if t is not None)
+        assert grouped_bytes(recipe, splits, 130, rowwise=True, columnwise=True, dbias=True,
+                             itemsize=2) == x.nbytes + written + out.dbias.nbytes
 
 
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
@@ -112,7 +123,8 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     for name in ("test_copy", "test_quantize[fp8-perrow-torch]", "test_norm_fwd[rmsnorm-torch]",
                  "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]",
                  "test_router[fwd-softmax-torch]", "test_router[bwd-sigmoid-groups-torch]",
-                 "test_grouped_gemm[uniform-torch]", "test_grouped_gemm[skewed-torch]"):
+                 "test_grouped_gemm[uniform-torch]", "test_grouped_gemm[skewed-torch]",
+                 "test_grouped_quantize[torch-fp8-block1x128-ct-dbias-skewed]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     for b in ran.values():

@@ -24,7 +24,7 @@ import torch
 from tealite import recipes as R
 from tealite import registry
 from tealite.attention_types import AttentionConfig
-from tealite.moe_types import MapType, RouterConfig, RowIdMap
+from tealite.moe_types import GroupedQuantized, MapType, RouterConfig, RowIdMap
 from tealite.ops.quantize import QuantizedTensor
 from tealite.registry import Backend, register_backend, unregister_backend
 from tealite_verify.runner import run_case
@@ -40,7 +40,7 @@ TYPES = {"Tensor": torch.Tensor, "torch": torch, "Optional": Optional, "tuple": 
          "dict": dict, "int": int, "float": float, "bool": bool, "str": str,
          "QuantizedTensor": QuantizedTensor, "DelayedScaling": R.DelayedScaling,
          "AttentionConfig": AttentionConfig, "RouterConfig": RouterConfig,
-         "MapType": MapType, "RowIdMap": RowIdMap,
+         "MapType": MapType, "RowIdMap": RowIdMap, "GroupedQuantized": GroupedQuantized,
          "Recipe": Union[R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
                          R.MXBlockScaling]}
 

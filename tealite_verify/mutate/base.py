@@ -24,7 +24,8 @@ KINDS = ("rounding-mode", "scale-exponent", "k-ulp", "operand", "epilogue", "pre
 _OPERATOR_MODULES = ("operators_gemm", "operators_norms", "operators_act", "operators_quant",
                      "operators_fused", "operators_layouts", "operators_rope",
                      "operators_softmax", "operators_attention", "operators_grouped",
-                     "operators_router", "operators_permute")
+                     "operators_router", "operators_permute",
+                     "operators_grouped_quant")
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,8 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "moe_unpermute_bwd": _at(0, "grad_permuted"), "moe_sort_chunks": _at(0, "out"),
     "moe_pad_rows": _at(0, "out"), "moe_unpad_rows": _at(0, "out"),
     "moe_ffn_fwd": (lambda r, k: move_tensor(r, k), "y"),
+    # Group 0's codes (a case whose group 0 is empty or columnwise only does not count).
+    "grouped_quantize": (lambda r, k: (_move_codes(r.tensors[0], k), r)[1], "g0.data"),
 }
 
 

@@ -222,3 +222,20 @@ def pad_aligns() -> st.SearchStrategy[int]:
 
 
 _ALIGNS = pick(*PAD_ALIGNS)
+
+
+# ---- grouped quantize (tealite_verify/specs/grouped_quantize.py) ---------------------------
+
+# (max total rows, max K, max groups) per size: interpreted Triton runs one launch per group
+# in the split path, so the ci size stays tiny.
+GQ_LIMITS = {"ci": (48, 96, 5), "local": (512, 512, 16), "large": (4096, 4096, 64)}
+
+
+def gq_directions() -> st.SearchStrategy[tuple[bool, bool]]:
+    return pick((True, False), (False, True), (True, True))
+
+
+def gq_splits(draw, max_rows: int, max_groups: int, unit: int = 1) -> list[int]:
+    """:func:`m_splits` in multiples of ``unit`` rows (MX columnwise: whole 32-row blocks per
+    group), summing to at most ``max(max_rows, unit)``."""
+    return [s * unit for s in draw(m_splits(max(1, max_rows // unit), max_groups))]

@@ -12,6 +12,7 @@ BACKEND = register_backend(Backend(
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
 FAMILIES = ("activations", "gemm", "layouts", "norms", "qgemm", "quantize", "fused", "rope",
-            "attention", "softmax", "grouped_gemm", "router", "permute", "moe_ffn")
+            "attention", "softmax", "grouped_gemm", "router", "permute", "moe_ffn",
+            "grouped_quantize")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")

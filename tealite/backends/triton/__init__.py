@@ -68,7 +68,8 @@ BACKEND = register_backend(Backend(
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
 FAMILIES = ("activations", "attention", "dequantize", "fused", "gemm", "grouped_gemm", "norms",
-            "qgemm", "quantize", "rope", "softmax", "router", "permute")
+            "qgemm", "quantize", "rope", "softmax", "router", "permute",
+            "grouped_quantize")
 if HAVE_TRITON:
     for _family in FAMILIES:
         importlib.import_module(f"{__name__}.{_family}")

@@ -1,0 +1,388 @@
+"""Triton ``grouped_quantize`` (+ dbias): every group in one launch for FP8 per-tensor scaling
+(current and delayed) and Float8BlockScaling (1x128, 128x128); the other recipes the Triton
+quantizer takes (per-row current scaling, MX) run as one launch of ``quantize`` per group,
+which is the split path itself (declared here; the parity tier holds both to it).
+
+Tiles never cross a group boundary: the host cuts every group's rows into tiles of BM rows
+starting at the group's first row (:func:`group_tiles`; an empty group still gets one tile,
+whose rows are all masked, so that it writes its scale and its zero dbias partial), and a
+program handles one (tile, column block) pair.  So a 1x128 / 128x128 block starts at a
+group-local multiple of 128, exactly as ``quantize`` on the group alone would place it.
+
+* Per tensor, current scaling: pass 1 takes each tile's max |x| (the integer max of the
+  magnitude bits: exact and NaN-propagating, as ``quantize``'s amax) and ``atomic_max``es it
+  into its group's slot; an order-independent max, so the result is deterministic.  Pass 2
+  reads the group's amax, applies TE's scale rule (``_codecs._te_scale``, the same code as
+  ``quantize``) and casts.  Delayed scaling reads group g's given scale instead and reports
+  pass 1's amax.
+* Block scaling: one pass, the block's amax and scale inside the tile, as ``quantize_block``.
+* dbias: the cast pass (or, for the per-group recipes, a pass of its own) writes each tile's
+  fp32 column sums to a workspace (tiles, K); :func:`_reduce_dbias_kernel` adds one group's
+  tiles in tile order in fp32 and rounds once to x's dtype (TE's quantize_dbias: partial sums
+  per row tile, then a reduction kernel).  Deterministic: no float atomics.
+
+Outputs are views of one buffer per field: group g's rowwise codes are rows [off_g, off_g +
+m_g) of an (M, K) buffer, its columnwise codes a contiguous (K, m_g) slice of a flat buffer,
+its block scales a contiguous slice laid out as ``quantize_block`` lays out a group alone.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tealite.backends.triton import BACKEND, DEVICES
+from tealite.backends.triton import quantize as triton_quantize
+from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
+                                             _overflow_constants, _te_scale, hw_fp8)
+from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite.formats import Saturation, get_format
+from tealite.moe_types import GroupedQuantized, split_offsets
+from tealite.recipes import Granularity
+from tealite.types import Op, QuantizedTensor
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+BLOCK = 128
+# (BM, BN, num_warps) per path; BM is also the tile height the host cuts groups into.  Block
+# recipes with a columnwise output need BM == 128 (a block's rows are one tile's), rowwise
+# 1x128 needs BN == 128; read at every launch.
+CONFIGS = {
+    "tensor": dict(BM=32, BN=128, num_warps=4),
+    "block_row": dict(BM=32, BN=128, num_warps=4),
+    "block_col": dict(BM=128, BN=128, num_warps=8),
+    "reduce": dict(BN=128, num_warps=4),
+}
+
+
+@triton.jit
+def _tile(pid, tiles_n, tile_group, tile_row, group_off, BM: tl.constexpr, BN: tl.constexpr):
+    """(group, its first row, its row count, local rows, cols, tile index) of program pid."""
+    t = pid // tiles_n
+    pid_n = pid % tiles_n
+    g = tl.load(tile_group + t)
+    r0 = tl.load(tile_row + t)
+    off = tl.load(group_off + g)
+    mg = tl.load(group_off + g + 1) - off
+    rows = r0 + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    return g, off, mg, r0, rows, cols, t, pid_n
+
+
+@triton.jit
+def _dbias_partial(part_ptr, t, x, cols, K):
+    """This tile's fp32 column sums (masked elements were loaded as 0)."""
+    tl.store(part_ptr + t.to(tl.int64) * K + cols, tl.sum(x, axis=0), mask=cols < K)
+
+
+@triton.jit
+def _grouped_pass_kernel(x_ptr, amax_bits_ptr, part_ptr, tile_group, tile_row, group_off, K,
+                         tiles_n, AMAX: tl.constexpr, DBIAS: tl.constexpr,
+                         X_BF16: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Per-group amax (AMAX) and / or dbias partials (DBIAS) of one tile."""
+    g, off, mg, r0, rows, cols, t, pid_n = _tile(tl.program_id(0), tiles_n, tile_group,
+                                                 tile_row, group_off, BM, BN)
+    mask = (rows < mg)[:, None] & (cols < K)[None, :]
+    x = load_f32(x_ptr, (off + rows).to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+    if AMAX:
+        # amax >= 0, so its fp32 bits order as integers (NaN above Inf): an integer max.
+        tl.atomic_max(amax_bits_ptr + g, _mag_max(_mag_max(x, 1), 0).to(tl.int32, bitcast=True))
+    if DBIAS:
+        _dbias_partial(part_ptr, t, x, cols, K)
+
+
+@triton.jit
+def _grouped_tensor_cast_kernel(x_ptr, q_ptr, qt_ptr, amax_bits_ptr, scale_ptr, sinv_ptr,
+                                part_ptr, tile_group, tile_row, group_off, K, tiles_n, fmax,
+                                eps, ROW: tl.constexpr, COL: tl.constexpr,
+                                GIVEN: tl.constexpr, POW2: tl.constexpr, DBIAS: tl.constexpr,
+                                SATURATE: tl.constexpr, MBITS: tl.constexpr,
+                                EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                                NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                                OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                                OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
+                                HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Per-tensor cast of one tile under its group's scale: rowwise into rows off+rows of
+    (M, K), columnwise into the group's (K, m_g) slice at off * K."""
+    g, off, mg, r0, rows, cols, t, pid_n = _tile(tl.program_id(0), tiles_n, tile_group,
+                                                 tile_row, group_off, BM, BN)
+    if GIVEN:
+        scale = tl.load(scale_ptr + g)
+    else:
+        scale = _te_scale(tl.load(amax_bits_ptr + g).to(tl.float32, bitcast=True), fmax, eps,
+                          POW2)
+    tl.store(sinv_ptr + g, tl.math.div_rn(1.0, scale), mask=(r0 == 0) & (pid_n == 0))
+    rmask = rows < mg
+    cmask = cols < K
+    mask = rmask[:, None] & cmask[None, :]
+    x = load_f32(x_ptr, (off + rows).to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+    codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                            SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
+    if ROW:
+        tl.store(q_ptr + (off + rows).to(tl.int64)[:, None] * K + cols[None, :], codes,
+                 mask=mask)
+    if COL:
+        tl.store(qt_ptr + off.to(tl.int64) * K + cols.to(tl.int64)[:, None] * mg
+                 + rows[None, :], tl.trans(codes), mask=cmask[:, None] & rmask[None, :])
+    if DBIAS:
+        _dbias_partial(part_ptr, t, x, cols, K)
+
+
+@triton.jit
+def _grouped_block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, s_off, st_off, part_ptr,
+                               tile_group, tile_row, group_off, K, nbk, tiles_n, fmax, eps,
+                               ROW: tl.constexpr, COL: tl.constexpr, SQUARE: tl.constexpr,
+                               POW2: tl.constexpr, DBIAS: tl.constexpr,
+                               SATURATE: tl.constexpr, MBITS: tl.constexpr,
+                               EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                               NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                               OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                               OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
+                               HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Block-scaled cast of one tile, blocks anchored at the group's first row.  Group g's
+    rowwise scales start at s_off[g], laid out (m_g or ceil(m_g/128), nbk); its columnwise
+    scales at st_off[g], laid out (K or nbk, ceil(m_g/128)), as quantize_block's."""
+    g, off, mg, r0, rows, cols, t, pid_n = _tile(tl.program_id(0), tiles_n, tile_group,
+                                                 tile_row, group_off, BM, BN)
+    rmask = rows < mg
+    cmask = cols < K
+    mask = rmask[:, None] & cmask[None, :]
+    x = load_f32(x_ptr, (off + rows).to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+    row_offs = (off + rows).to(tl.int64)[:, None] * K + cols[None, :]
+    col_offs = off.to(tl.int64) * K + cols.to(tl.int64)[:, None] * mg + rows[None, :]
+    tmask = cmask[:, None] & rmask[None, :]
+    so = tl.load(s_off + g)
+    sto = tl.load(st_off + g)
+    nbm = tl.cdiv(mg, 128)
+    # An empty group's tile writes no scale (its slot is the next group's first).  With
+    # K == 0 every scale slice is empty and the stores land in the unused 1-element buffer.
+    live = r0 < mg
+    # The same per column, built as a vector: triton 3.9's interpreter rejects a store mask
+    # that broadcasts a 0-d boolean against a vector ("mask has unsupported dtype").
+    live_cols = (cols * 0 + r0) < mg
+    if SQUARE:
+        scale = _te_scale(_mag_max(_mag_max(x, 1), 0), fmax, eps, POW2)
+        codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                                SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
+        sinv = tl.math.div_rn(1.0, scale)
+        if ROW:
+            tl.store(q_ptr + row_offs, codes, mask=mask)
+            tl.store(s_ptr + so + (r0 // 128) * nbk + pid_n, sinv, mask=live)
+        if COL:
+            tl.store(qt_ptr + col_offs, tl.trans(codes), mask=tmask)
+            tl.store(st_ptr + sto + pid_n * nbm + r0 // 128, sinv, mask=live)
+    else:
+        if ROW:  # BN == 128: one block per row of the tile
+            scale = _te_scale(_mag_max(x, 1), fmax, eps, POW2)
+            codes = _encode_fp8_sat(x * scale[:, None], fmax, SATURATE, MBITS, EMIN, BIAS,
+                                    FNUZ, NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE,
+                                    HW_FP8)
+            tl.store(q_ptr + row_offs, codes, mask=mask)
+            tl.store(s_ptr + so + rows.to(tl.int64) * nbk + pid_n, tl.math.div_rn(1.0, scale),
+                     mask=rmask)  # rows < m_g: none in an empty group's tile
+        if COL:  # BM == 128: one block per column of the tile
+            scale = _te_scale(_mag_max(x, 0), fmax, eps, POW2)
+            codes = _encode_fp8_sat(x * scale[None, :], fmax, SATURATE, MBITS, EMIN, BIAS,
+                                    FNUZ, NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE,
+                                    HW_FP8)
+            tl.store(qt_ptr + col_offs, tl.trans(codes), mask=tmask)
+            tl.store(st_ptr + sto + cols.to(tl.int64) * nbm + r0 // 128,
+                     tl.math.div_rn(1.0, scale), mask=cmask & live_cols)
+    if DBIAS:
+        _dbias_partial(part_ptr, t, x, cols, K)
+
+
+@triton.jit
+def _reduce_dbias_kernel(part_ptr, out_ptr, tile_start, K, OUT_BF16: tl.constexpr,
+                         BN: tl.constexpr):
+    """dbias[g, cols] = the fp32 sum of group g's tile partials, in tile order, rounded once."""
+    g = tl.program_id(0)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    first = tl.load(tile_start + g)
+    row = part_ptr + first.to(tl.int64) * K + cols
+    for _ in range(first, tl.load(tile_start + g + 1)):
+        acc += tl.load(row, mask=cols < K, other=0.0)
+        row += K
+    store_f32(out_ptr, g.to(tl.int64) * K + cols, acc, cols < K, OUT_BF16)
+
+
+# ---- host side ---------------------------------------------------------------------------
+
+def group_tiles(splits, bm: int) -> tuple[list[int], list[int], list[int]]:
+    """(tile_group, tile_row, tile_start): every group's rows cut into tiles of ``bm`` rows from
+    its first row (an empty group: one tile), and group g's tiles [tile_start[g],
+    tile_start[g + 1])."""
+    tile_group, tile_row, tile_start = [], [], [0]
+    for g, m in enumerate(splits):
+        n = max(1, triton.cdiv(m, bm))
+        tile_group += [g] * n
+        tile_row += [i * bm for i in range(n)]
+        tile_start.append(tile_start[-1] + n)
+    return tile_group, tile_row, tile_start
+
+
+class _Launch:
+    """The device-side tile table of one call, and the kernels' common arguments."""
+
+    def __init__(self, x, splits, bm: int, bn: int):
+        dev = x.device
+        tg, tr, ts = group_tiles(splits, bm)
+        self.k = x.shape[1]
+        self.tiles_n = max(1, triton.cdiv(self.k, bn))
+        self.grid = (len(tg) * self.tiles_n,)
+        self.table = (torch.tensor(tg, dtype=torch.int32, device=dev),
+                      torch.tensor(tr, dtype=torch.int32, device=dev),
+                      torch.tensor(split_offsets(splits), dtype=torch.int64, device=dev))
+        self.tile_start = torch.tensor(ts, dtype=torch.int32, device=dev)
+        self.tiles = len(tg)
+        self.tile = dict(BM=bm, BN=bn)
+
+
+def _dbias(x, launch: _Launch, part, groups: int) -> torch.Tensor:
+    out = torch.empty((groups, launch.k), dtype=x.dtype, device=x.device)
+    if launch.k:
+        bn = CONFIGS["reduce"]["BN"]
+        _reduce_dbias_kernel[(groups, triton.cdiv(launch.k, bn))](
+            part, as_kernel_arg(out), launch.tile_start, launch.k,
+            OUT_BF16=x.dtype == torch.bfloat16, **CONFIGS["reduce"])
+    return out
+
+
+def _consts(x, recipe) -> dict:
+    fmt = get_format(recipe.fmt)
+    return dict(_fmt_constants(fmt), **_overflow_constants(fmt),
+                SATURATE=recipe.saturation is Saturation.SATURATE,
+                X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device))
+
+
+def _views(fmt, splits, k, q, qt):
+    """Group g's (rowwise (m_g, K), columnwise (K, m_g)) code views of the shared buffers."""
+    offs = split_offsets(splits)
+    out = []
+    for g, m in enumerate(splits):
+        rv = q[offs[g]:offs[g + 1]].view(fmt.torch_dtype) if q is not None else None
+        cv = qt[offs[g] * k:offs[g + 1] * k].view(k, m).view(fmt.torch_dtype) \
+            if qt is not None else None
+        out.append((rv, cv))
+    return out
+
+
+def _buffers(x, rowwise: bool, columnwise: bool):
+    m, k = x.shape
+    dev = x.device
+    q = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    qt = torch.empty(m * k, dtype=torch.uint8, device=dev) if columnwise else None
+    dummy = torch.empty(1, dtype=torch.uint8, device=dev)
+    return q, qt, dummy
+
+
+def _per_tensor(x, splits, recipe, rowwise, columnwise, dbias, scale):
+    """Current or delayed per-tensor scaling of every group: an amax pass, a cast pass."""
+    fmt, dev, groups = get_format(recipe.fmt), x.device, len(splits)
+    cfg = CONFIGS["tensor"]
+    launch = _Launch(x, splits, cfg["BM"], cfg["BN"])
+    given = recipe.scale_given
+    xk = as_kernel_arg(x)
+    amax_bits = torch.zeros(groups, dtype=torch.int32, device=dev)
+    part = torch.empty((launch.tiles, launch.k), dtype=torch.float32, device=dev) if dbias \
+        else torch.empty(1, dtype=torch.float32, device=dev)
+    _grouped_pass_kernel[launch.grid](xk, amax_bits, part, *launch.table, launch.k,
+                                      launch.tiles_n, AMAX=True, DBIAS=False,
+                                      X_BF16=x.dtype == torch.bfloat16, **launch.tile,
+                                      num_warps=cfg["num_warps"])
+    q, qt, dummy = _buffers(x, rowwise, columnwise)
+    sinv = torch.empty(groups, dtype=torch.float32, device=dev)
+    # A given scale is used as it is: no scale rule (pow2, epsilon) applies to it.
+    _grouped_tensor_cast_kernel[launch.grid](
+        xk, dummy if q is None else q, dummy if qt is None else qt, amax_bits,
+        scale if given else sinv, sinv, part, *launch.table, launch.k, launch.tiles_n,
+        fmt.max, 0.0 if given else recipe.amax_epsilon, ROW=rowwise, COL=columnwise,
+        GIVEN=given, POW2=False if given else recipe.force_pow2_scales, DBIAS=dbias,
+        **launch.tile, num_warps=cfg["num_warps"], **_consts(x, recipe))
+    amax = amax_bits.view(torch.float32)
+    tensors = []
+    for g, (rv, cv) in enumerate(_views(fmt, splits, x.shape[1], q, qt)):
+        s = sinv[g:g + 1]
+        tensors.append(QuantizedTensor(
+            recipe=recipe, shape=(splits[g], x.shape[1]), data=rv,
+            scale_inv=s if rowwise else None, columnwise_data=cv,
+            columnwise_scale_inv=s.clone() if columnwise else None,
+            amax=None if recipe.amax_granularity is None else amax[g:g + 1]))
+    return tensors, _dbias(x, launch, part, groups) if dbias else None
+
+
+def _scale_offsets(sizes, dev) -> tuple[torch.Tensor, list[int]]:
+    offs = split_offsets(sizes)
+    return torch.tensor(offs[:-1] or [0], dtype=torch.int64, device=dev), list(offs)
+
+
+def _per_block(x, splits, recipe, rowwise, columnwise, dbias):
+    """Float8BlockScaling of every group in one pass, blocks anchored at each group's row 0."""
+    fmt, dev, groups = get_format(recipe.fmt), x.device, len(splits)
+    k = x.shape[1]
+    square = recipe.block[0] == BLOCK
+    cfg = CONFIGS["block_col" if columnwise or square else "block_row"]
+    launch = _Launch(x, splits, cfg["BM"], cfg["BN"])
+    nbk = triton.cdiv(k, BLOCK)
+    # Per group, quantize_block's scale shapes: rowwise (m_g or ceil(m_g/128), nbk),
+    # columnwise (K or nbk, ceil(m_g/128)).
+    row_shapes = [(triton.cdiv(m, BLOCK) if square else m, nbk) for m in splits]
+    col_shapes = [(nbk if square else k, triton.cdiv(m, BLOCK)) for m in splits]
+    s_off, s_ends = _scale_offsets([a * b for a, b in row_shapes], dev)
+    st_off, st_ends = _scale_offsets([a * b for a, b in col_shapes], dev)
+    s = torch.empty(s_ends[-1] or 1, dtype=torch.float32, device=dev)
+    st = torch.empty(st_ends[-1] or 1, dtype=torch.float32, device=dev)
+    q, qt, dummy = _buffers(x, rowwise, columnwise)
+    part = torch.empty((launch.tiles, k), dtype=torch.float32, device=dev) if dbias \
+        else torch.empty(1, dtype=torch.float32, device=dev)
+    _grouped_block_cast_kernel[launch.grid](
+        as_kernel_arg(x), dummy if q is None else q, s, dummy if qt is None else qt, st,
+        s_off, st_off, part, *launch.table, k, nbk, launch.tiles_n, fmt.max,
+        recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=square,
+        POW2=recipe.force_pow2_scales, DBIAS=dbias, **launch.tile,
+        num_warps=cfg["num_warps"], **_consts(x, recipe))
+    tensors = []
+    for g, (rv, cv) in enumerate(_views(fmt, splits, k, q, qt)):
+        tensors.append(QuantizedTensor(
+            recipe=recipe, shape=(splits[g], k), data=rv,
+            scale_inv=s[s_ends[g]:s_ends[g + 1]].view(row_shapes[g]) if rowwise else None,
+            columnwise_data=cv,
+            columnwise_scale_inv=st[st_ends[g]:st_ends[g + 1]].view(col_shapes[g])
+            if columnwise else None))
+    return tensors, _dbias(x, launch, part, groups) if dbias else None
+
+
+def _per_group(x, splits, recipe, rowwise, columnwise, dbias, scale):
+    """Per-row current scaling and MX: the Triton quantize launched once per group (the split
+    path itself), and dbias in a pass of its own."""
+    offs = split_offsets(splits)
+    tensors = [triton_quantize.quantize(
+        x[offs[g]:offs[g + 1]], recipe, rowwise=rowwise, columnwise=columnwise,
+        scale=None if scale is None else scale[g:g + 1]) for g in range(len(splits))]
+    if not dbias:
+        return tensors, None
+    cfg = CONFIGS["tensor"]
+    launch = _Launch(x, splits, cfg["BM"], cfg["BN"])
+    part = torch.empty((launch.tiles, launch.k), dtype=torch.float32, device=x.device)
+    _grouped_pass_kernel[launch.grid](as_kernel_arg(x), part, part, *launch.table, launch.k,
+                                      launch.tiles_n, AMAX=False, DBIAS=True,
+                                      X_BF16=x.dtype == torch.bfloat16, **launch.tile,
+                                      num_warps=cfg["num_warps"])
+    return tensors, _dbias(x, launch, part, len(splits))
+
+
+def _why_not(params) -> str | None:
+    return triton_quantize.recipe_reason(params["recipe"])
+
+
+@BACKEND.implements(Op.GROUPED_QUANTIZE, dtypes=_FLOATS, devices=DEVICES, check=_why_not)
+def grouped_quantize(x, m_splits, recipe, *, rowwise, columnwise, dbias, scale):
+    x = x.contiguous()
+    gran = recipe.scale_granularity
+    if gran is Granularity.TENSOR:
+        tensors, db = _per_tensor(x, m_splits, recipe, rowwise, columnwise, dbias, scale)
+    elif gran is Granularity.BLOCK:
+        tensors, db = _per_block(x, m_splits, recipe, rowwise, columnwise, dbias)
+    else:  # per row, MX: the check admits no other layout
+        tensors, db = _per_group(x, m_splits, recipe, rowwise, columnwise, dbias, scale)
+    return GroupedQuantized(tuple(tensors), db)
