@@ -22,7 +22,12 @@ TARGETS = {
     "qgemm_fp8": ("torch._scaled_mm", 80.0),
     "rope": ("copy", 80.0),  # issue 15
     "softmax": ("copy", 80.0),   # issue 15
+    "permute": ("copy", 70.0),   # issue 16: moe_permute / moe_unpermute
 }
+
+# MoE permutation (tokens, hidden, experts, top-k), bf16: 16k tokens of 4096 routed top-2 of 8
+# (Mixtral-like); tiny: primes the interpreter runs in a second.
+PERMUTE_SHAPES = {"large": (16384, 4096, 8, 2), "tiny": (13, 40, 5, 2)}
 
 # RoPE input (s, b, h, d), sbhd, full rotary: a training shape (8 sequences of 4096 tokens,
 # 32 heads of 128), and a tiny one for the smoke run.
@@ -135,6 +140,18 @@ def rope_bytes(shape, d2: int, itemsize: int) -> int:
     """t read and y written once, in t's dtype, plus the float32 freqs rows (s, d2) read once
     (forward and backward alike)."""
     return 2 * itemsize * math.prod(shape) + 4 * shape[0] * d2
+
+
+def permute_bytes(x, routing, out, rows) -> int:
+    """moe_permute: x and the routing read once, the permuted rows and the int32 row-id map
+    written once."""
+    return x.nbytes + routing.nbytes + out.nbytes + rows.nbytes
+
+
+def unpermute_bytes(permuted, rows, y, probs=None) -> int:
+    """moe_unpermute: the permuted rows, the row-id map (and merging probs) read once, the
+    merged tokens written once."""
+    return permuted.nbytes + rows.nbytes + y.nbytes + (0 if probs is None else probs.nbytes)
 
 
 def softmax_bytes(kind: str, shape, itemsize: int, *, bwd: bool = False,

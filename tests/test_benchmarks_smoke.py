@@ -68,6 +68,17 @@ def test_rope_bytes_match_the_op():
     assert C.rope_bytes(tuple(t.shape), 10, 2) == t.nbytes + y.nbytes + f.nbytes
 
 
+def test_permute_bytes_match_the_op():
+    x, idx = torch.randn(7, 24).bfloat16(), torch.tensor([[0, 2]] * 7, dtype=torch.int32)
+    p = tealite.moe_permute(x, idx, map_type="index", num_experts=3, backend="torch")
+    assert C.permute_bytes(x, idx, p.out, p.row_id_map.rows) == \
+        x.nbytes + idx.nbytes + 14 * 24 * 2 + 14 * 4
+    probs = torch.rand(7, 2)
+    y = tealite.moe_unpermute(p.out, p.row_id_map, merging_probs=probs, backend="torch")
+    assert C.unpermute_bytes(p.out, p.row_id_map.rows, y, probs) == \
+        p.out.nbytes + 14 * 4 + x.nbytes + probs.nbytes
+
+
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 def test_norm_bytes_match_the_op(kind):
     x, g, b = torch.randn(7, 96).bfloat16(), torch.randn(96).bfloat16(), torch.randn(96).bfloat16()
@@ -98,7 +109,8 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     assert data["tealite"]["failed"] == []
     # Rows that need only torch always run.
     for name in ("test_copy", "test_quantize[fp8-perrow-torch]", "test_norm_fwd[rmsnorm-torch]",
-                 "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]"):
+                 "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]",
+                 "test_permute[index-torch]", "test_unpermute[probs-torch]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     for b in ran.values():
