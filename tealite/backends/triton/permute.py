@@ -3,16 +3,20 @@
 Three kernels:
 
 * ``_scatter_rows_kernel`` (permute): one program per tile of tokens x hidden columns loads
-  the tokens' block once and stores it to each of its kept rows (the row-id map's -1 slots store nothing);
-  the permuted probs and row-indexed scales go through the same kernel as one-column rows.
-  Reading every token once and writing each copy once is what a copy costs, so the kernel is
-  bandwidth bound (benchmarks/test_bench_permute.py).
+  the tokens' block once and stores it to each of their kept rows (a -1 slot of the row-id
+  map stores nothing); the permuted probs and row-indexed scales go through the same kernel
+  as one-column rows.  Every token is read once and every copy written once, what a copy
+  costs, so the kernel is bandwidth bound (benchmarks/test_bench_permute.py).
 * ``_gather_rows_kernel`` (sort-chunks, pad, unpad): one program per tile of output rows
   copies their source rows, or writes the fill pattern where the source is -1.
-* ``_unpermute_kernel`` / ``_unpermute_bwd_kernel``: one program per tile of tokens sums the token's kept slots in slot order in fp32 (``acc + x * p``: the compiler may
-  contract it into an FMA, which tiers/permute_sum.py's gamma_k covers); the backward writes
-  ``p * dy`` to each kept row and, with probs, one program per row of tokens reduces
-  ``dy . permuted[row]`` over the hidden blocks for every slot.
+* ``_unpermute_kernel``: one program per tile of tokens sums each token's kept slots in slot
+  order in fp32 (``acc + x * p``: the compiler may contract it into an FMA, which
+  tiers/permute_sum.py's gamma_k covers).  ``_unpermute_bwd_kernel`` (with merging probs; a
+  plain sum's backward is permute's scatter): one program per tile of tokens writes
+  ``p * dy`` to each kept row and reduces ``dy . permuted[row]`` over the hidden blocks for
+  every slot.
+* Tiles hold up to 4096 elements: registers on a GPU, and few large programs in the
+  interpreter, whose cost is per program (one row per program cost CI minutes).
 
 Data movement runs on bit patterns (the host passes same-width integer views), so FP8 codes,
 packed e2m1 bytes, E8M0 scales and bf16 move exactly on every target; arithmetic reads bf16
