@@ -10,7 +10,8 @@ from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.permute import (PaddedRows, Permuted, SortedChunks, UnpermuteGrads,
-                                 moe_pad_rows, moe_permute, moe_sort_chunks, moe_unpad_rows,
+                                 moe_pad_rows, moe_permute, moe_permute_and_pad,
+                                 moe_sort_chunks, moe_unpad_rows,
                                  moe_unpermute, moe_unpermute_bwd)
 from tealite.ops.rope import rope_bwd, rope_fwd
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
@@ -29,7 +30,7 @@ __all__ = [
     "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
     "rope_fwd", "rope_bwd",
-    "moe_permute", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks", "moe_pad_rows",
+    "moe_permute", "moe_permute_and_pad", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks", "moe_pad_rows",
     "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks", "PaddedRows",
     "softmax_fwd", "softmax_bwd",
 ]
