@@ -336,3 +336,21 @@ def test_permute_and_pad_points_into_the_padded_rows(backend, map_type, drop):
                               backend=backend)
     assert torch.equal(y, tealite.moe_unpermute(plain.out, plain.row_id_map,
                                                 merging_probs=probs, backend=backend))
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("map_type,n,e,k,drop", [("mask", 1100, 3, 2, 7), ("index", 530, 5, 3, 0),
+                                                 ("index", 530, 5, 3, 800)])
+def test_row_map_over_several_scan_blocks(backend, map_type, n, e, k, drop):
+    """More slots than one 1024-wide scan block (triton's rank kernel carries the count
+    across blocks): the map and the kept counts are the reference's."""
+    g = torch.Generator().manual_seed(n)
+    idx = torch.rand((n, e), generator=g).argsort(dim=1)[:, :k]
+    routing = idx if map_type == "index" else torch.zeros((n, e), dtype=torch.bool) \
+        .scatter_(1, idx, True)
+    p = tealite.moe_permute(torch.zeros(n, 1), routing, map_type=map_type, num_experts=e,
+                            num_out_tokens=n * k - drop, backend=backend)
+    rows = ref.row_id_map(routing.numpy(), map_type, e, n * k - drop)
+    assert p.row_id_map.rows.tolist() == rows.tolist()
+    assert list(p.row_id_map.tokens_per_expert) == \
+        ref.tokens_per_expert(routing.numpy(), map_type, e, rows).tolist()
