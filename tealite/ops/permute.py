@@ -379,6 +379,6 @@ def moe_permute_and_pad(x, routing, align: int = 16, *, map_type: str = "mask",
     return Permuted(padded.out, row_map, probs_out)
 
 
-__all__ = ["moe_permute", "moe_permute_and_pad", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks",
-           "moe_pad_rows", "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks",
-           "PaddedRows"]
+__all__ = ["moe_permute", "moe_permute_and_pad", "moe_unpermute", "moe_unpermute_bwd",
+           "moe_sort_chunks", "moe_pad_rows", "moe_unpad_rows", "Permuted", "UnpermuteGrads",
+           "SortedChunks", "PaddedRows"]
