@@ -24,10 +24,15 @@ TARGETS = {
     "softmax": ("copy", 80.0),   # issue 15
     "router": ("copy", 50.0),    # issue 16
     "grouped_gemm": ("dense GEMM, same FLOPs", 85.0),  # issue 16: bf16 and FP8 block
+    "permute": ("copy", 70.0),   # issue 16: moe_permute / moe_unpermute
 }
 
 # Router logits (tokens, experts): TE's MoE regime (issue 16), and a tiny one for the smoke run.
 ROUTER_SHAPES = {"large": (16384, 256), "tiny": (8, 64)}
+
+# MoE permutation (tokens, hidden, experts, top-k), bf16: 16k tokens of 4096 routed top-2 of 8
+# (Mixtral-like); tiny: primes the interpreter runs in a second.
+PERMUTE_SHAPES = {"large": (16384, 4096, 8, 2), "tiny": (13, 40, 5, 2)}
 
 # RoPE input (s, b, h, d), sbhd, full rotary: a training shape (8 sequences of 4096 tokens,
 # 32 heads of 128), and a tiny one for the smoke run.
@@ -147,6 +152,18 @@ def router_bytes(tokens: int, experts: int, itemsize: int, *, bwd: bool = False)
     grad_probs, logits and the map read, grad_logits written."""
     n = tokens * experts
     return (3 * itemsize + 1) * n if bwd else (2 * itemsize + 1) * n
+
+
+def permute_bytes(x, routing, out, rows) -> int:
+    """moe_permute: x and the routing read once, the permuted rows and the int32 row-id map
+    written once."""
+    return x.nbytes + routing.nbytes + out.nbytes + rows.nbytes
+
+
+def unpermute_bytes(permuted, rows, y, probs=None) -> int:
+    """moe_unpermute: the permuted rows, the row-id map (and merging probs) read once, the
+    merged tokens written once."""
+    return permuted.nbytes + rows.nbytes + y.nbytes + (0 if probs is None else probs.nbytes)
 
 
 def softmax_bytes(kind: str, shape, itemsize: int, *, bwd: bool = False,

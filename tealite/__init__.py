@@ -14,7 +14,8 @@ from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.moe_ffn import moe_ffn_fwd
 from tealite.ops.permute import (PaddedRows, Permuted, SortedChunks, UnpermuteGrads,
-                                 moe_pad_rows, moe_permute, moe_sort_chunks, moe_unpad_rows,
+                                 moe_pad_rows, moe_permute, moe_permute_and_pad,
+                                 moe_sort_chunks, moe_unpad_rows,
                                  moe_unpermute, moe_unpermute_bwd)
 from tealite.ops.rope import rope_bwd, rope_fwd
 from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_scores_bwd,
@@ -35,7 +36,7 @@ __all__ = [
     "layernorm_fwd_quantize", "rmsnorm_fwd_quantize", "act_fwd_quantize",
     "attention_fwd", "attention_bwd", "AttentionFwd", "AttentionBwd",
     "rope_fwd", "rope_bwd",
-    "moe_permute", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks", "moe_pad_rows",
+    "moe_permute", "moe_permute_and_pad", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks", "moe_pad_rows",
     "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks", "PaddedRows",
     "moe_ffn_fwd",
     "softmax_fwd", "softmax_bwd",

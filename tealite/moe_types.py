@@ -231,22 +231,31 @@ def slot_experts(routing: torch.Tensor, map_type: MapType, num_experts: int) -> 
 
 def make_row_id_map(routing: torch.Tensor, map_type: MapType, num_experts: int,
                     num_out_tokens: int) -> RowIdMap:
-    """The row-id map of a validated routing (the order above), in torch integer ops: a stable
-    sort of the slots by expert (token-major flattening keeps (token, slot) order within an
-    expert), the sorted position as the row, rows >= num_out_tokens dropped."""
+    """The row-id map of a validated routing (the order above), in torch integer ops on
+    routing's device, then rows >= num_out_tokens dropped.  A mask: each expert's column
+    cumsum ranks its tokens, after the experts before it (one pass over the mask, as TE's
+    kernels do).  Indices: a stable sort of the token-major flattened slots by expert keeps
+    (token, slot) order within an expert (n * topk keys; a one-hot would be n * topk * E)."""
+    n = routing.shape[0]
+    if map_type == MapType.MASK:
+        routed = (routing != 0).to(torch.int64)
+        counts = routed.sum(dim=0)
+        before = torch.cumsum(counts, dim=0) - counts  # rows of the experts before e
+        pos = before.unsqueeze(0) + torch.cumsum(routed, dim=0) - 1
+        keep = (routed != 0) & (pos < num_out_tokens)
+    else:
+        flat = routing.reshape(-1).to(torch.int64)
+        order = torch.sort(flat, stable=True).indices
+        pos = torch.empty_like(order)
+        pos[order] = torch.arange(order.numel(), device=order.device)
+        pos = pos.reshape(routing.shape)
+        keep = pos < num_out_tokens
+    rows = torch.where(keep, pos, -1).to(torch.int32).reshape(n, routing.shape[1])
     experts = slot_experts(routing, map_type, num_experts)
-    n, s = experts.shape
-    flat = experts.reshape(-1)
-    key = torch.where(flat < 0, num_experts, flat)  # unrouted slots sort last
-    order = torch.sort(key, stable=True).indices
-    pos = torch.empty_like(order)
-    pos[order] = torch.arange(order.numel(), device=order.device)
-    keep = (flat >= 0) & (pos < num_out_tokens)
-    rows = torch.where(keep, pos, -1).to(torch.int32).reshape(n, s)
-    counts = torch.bincount(flat[keep], minlength=num_experts) if flat.numel() else \
+    kept = torch.bincount(experts[keep], minlength=num_experts) if experts.numel() else \
         torch.zeros(num_experts, dtype=torch.int64)
     return RowIdMap(rows, map_type, num_experts, num_out_tokens,
-                    tuple(int(c) for c in counts.tolist()))
+                    tuple(int(c) for c in kept.tolist()))
 
 
 def padded_splits(splits: Sequence[int], align: int) -> tuple[int, ...]:

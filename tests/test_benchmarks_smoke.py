@@ -78,6 +78,8 @@ def test_router_bytes_match_the_op(bwd):
     else:
         actual = x.nbytes + probs.nbytes + routing_map.nbytes
     assert C.router_bytes(9, 16, 2, bwd=bwd) == actual
+
+
 def test_grouped_quantize_bytes_match_the_op():
     from benchmarks.test_bench_grouped_quantize import grouped_bytes
     x, splits = torch.randn(32, 130).bfloat16(), [5, 0, 27]
@@ -89,6 +91,17 @@ def test_grouped_quantize_bytes_match_the_op():
             if t is not None)
         assert grouped_bytes(recipe, splits, 130, rowwise=True, columnwise=True, dbias=True,
                              itemsize=2) == x.nbytes + written + out.dbias.nbytes
+
+
+def test_permute_bytes_match_the_op():
+    x, idx = torch.randn(7, 24).bfloat16(), torch.tensor([[0, 2]] * 7, dtype=torch.int32)
+    p = tealite.moe_permute(x, idx, map_type="index", num_experts=3, backend="torch")
+    assert C.permute_bytes(x, idx, p.out, p.row_id_map.rows) == \
+        x.nbytes + idx.nbytes + 14 * 24 * 2 + 14 * 4
+    probs = torch.rand(7, 2)
+    y = tealite.moe_unpermute(p.out, p.row_id_map, merging_probs=probs, backend="torch")
+    assert C.unpermute_bytes(p.out, p.row_id_map.rows, y, probs) == \
+        p.out.nbytes + 14 * 4 + x.nbytes + probs.nbytes
 
 
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
@@ -124,7 +137,8 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
                  "test_gemm_torch_matmul", "test_rope[fwd-torch]", "test_rope[bwd-torch]",
                  "test_router[fwd-softmax-torch]", "test_router[bwd-sigmoid-groups-torch]",
                  "test_grouped_gemm[uniform-torch]", "test_grouped_gemm[skewed-torch]",
-                 "test_grouped_quantize[torch-fp8-block1x128-ct-dbias-skewed]"):
+                 "test_grouped_quantize[torch-fp8-block1x128-ct-dbias-skewed]",
+                 "test_permute[index-torch]", "test_unpermute[probs-torch]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     for b in ran.values():

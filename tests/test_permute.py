@@ -307,3 +307,50 @@ def test_aiter_align_block_size_is_permute_then_pad():
     assert sorted_ids.tolist() == want and int(post_pad) == len(want)
     blocks = [g_ for g_, c in enumerate(counts) for _ in range(-(-c // 16))]
     assert expert_ids[:len(blocks)].tolist() == blocks
+
+
+# ---- permute and pad in one ---------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("map_type,drop", [("mask", 0), ("index", 3)])
+def test_permute_and_pad_points_into_the_padded_rows(backend, map_type, drop):
+    g = torch.Generator().manual_seed(8)
+    n, e, k = 11, 4, 2
+    x = torch.randn((n, 24), generator=g)
+    idx = torch.rand((n, e), generator=g).argsort(dim=1)[:, :k]
+    routing = idx if map_type == "index" else torch.zeros((n, e), dtype=torch.bool) \
+        .scatter_(1, idx, True)
+    probs = torch.rand(routing.shape, generator=g)
+    kw = dict(map_type=map_type, num_experts=e, num_out_tokens=n * k - drop, probs=probs,
+              backend=backend)
+    plain = tealite.moe_permute(x, routing, **kw)
+    padded = tealite.moe_permute_and_pad(x, routing, 16, **kw)
+    splits = plain.row_id_map.tokens_per_expert
+    want = tealite.moe_pad_rows(plain.out, splits, 16, backend=backend)
+    assert torch.equal(padded.out, want.out)
+    assert padded.row_id_map.tokens_per_expert == want.splits
+    assert padded.row_id_map.num_out_tokens == sum(want.splits)
+    assert torch.equal(padded.probs[padded.row_id_map.rows[padded.row_id_map.rows >= 0].long()],
+                       probs[padded.row_id_map.rows >= 0])
+    y = tealite.moe_unpermute(padded.out, padded.row_id_map, merging_probs=probs,
+                              backend=backend)
+    assert torch.equal(y, tealite.moe_unpermute(plain.out, plain.row_id_map,
+                                                merging_probs=probs, backend=backend))
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("map_type,n,e,k,drop", [("mask", 1100, 3, 2, 7), ("index", 530, 5, 3, 0),
+                                                 ("index", 530, 5, 3, 800)])
+def test_row_map_over_several_scan_blocks(backend, map_type, n, e, k, drop):
+    """More slots than one 1024-wide scan block (triton's rank kernel carries the count
+    across blocks): the map and the kept counts are the reference's."""
+    g = torch.Generator().manual_seed(n)
+    idx = torch.rand((n, e), generator=g).argsort(dim=1)[:, :k]
+    routing = idx if map_type == "index" else torch.zeros((n, e), dtype=torch.bool) \
+        .scatter_(1, idx, True)
+    p = tealite.moe_permute(torch.zeros(n, 1), routing, map_type=map_type, num_experts=e,
+                            num_out_tokens=n * k - drop, backend=backend)
+    rows = ref.row_id_map(routing.numpy(), map_type, e, n * k - drop)
+    assert p.row_id_map.rows.tolist() == rows.tolist()
+    assert list(p.row_id_map.tokens_per_expert) == \
+        ref.tokens_per_expert(routing.numpy(), map_type, e, rows).tolist()

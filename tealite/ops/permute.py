@@ -23,7 +23,8 @@ defined once in tealite/moe_types.py.  In short: the routed (token, slot) pairs 
   (a permutation of the chunk ids); probs (one per row) move with their rows.
 * ``moe_pad_rows(x, splits, align)`` -> ``PaddedRows``: each group of ``splits`` rows followed
   by zero rows up to a multiple of ``align`` (16 or 128 for FP8 GEMMs); ``moe_unpad_rows``
-  drops them again.
+  drops them again.  ``moe_permute_and_pad`` composes permute and pad into one ``Permuted``
+  whose row-id map points into the padded rows (what unpermute then takes).
 
 Quantized inputs (``permute``, ``sort_chunks``, ``pad`` / ``unpad`` take a
 :class:`QuantizedTensor`): the rowwise codes move by rows and so do their scales when they
@@ -42,7 +43,8 @@ import torch
 import tealite.recipes as R
 import tealite.registry as registry
 from tealite._checks import FLOAT_DTYPES, check_same_device, check_tensor, require
-from tealite.moe_types import MapType, RowIdMap, check_splits, padded_splits
+from tealite.moe_types import (MapType, RowIdMap, check_splits, padded_splits, slot_experts,
+                               split_offsets)
 from tealite.types import Op, QuantizedTensor
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -349,6 +351,34 @@ def moe_unpad_rows(x, splits, align: int = 16, *, backend: str | None = None) ->
     return PaddedRows(_rebuild(rows, out, scale_out), splits)
 
 
-__all__ = ["moe_permute", "moe_unpermute", "moe_unpermute_bwd", "moe_sort_chunks",
-           "moe_pad_rows", "moe_unpad_rows", "Permuted", "UnpermuteGrads", "SortedChunks",
-           "PaddedRows"]
+def moe_permute_and_pad(x, routing, align: int = 16, *, map_type: str = "mask",
+                        num_experts: int | None = None, num_out_tokens: int | None = None,
+                        probs=None, backend: str | None = None) -> Permuted:
+    """``moe_permute`` then ``moe_pad_rows`` of each expert's rows to a multiple of ``align``
+    (TE's ``moe_permute_and_pad_with_probs``; the FP8 grouped GEMMs' 16 / 128 alignment), as
+    one result whose row-id map points into the padded rows: ``num_out_tokens`` is the padded
+    total and ``tokens_per_expert`` the padded splits (the grouped GEMM's m_splits), so
+    ``moe_unpermute`` / ``moe_unpermute_bwd`` take the padded tensor as it is (padding rows are
+    no slot's row).  Permuted probs are padded with 0."""
+    _int("align", align, 1)
+    p = moe_permute(x, routing, map_type=map_type, num_experts=num_experts,
+                    num_out_tokens=num_out_tokens, probs=probs, backend=backend)
+    m = p.row_id_map
+    splits = m.tokens_per_expert
+    padded = moe_pad_rows(p.out, splits, align, backend=backend)
+    probs_out = None if p.probs is None else \
+        moe_pad_rows(p.probs.reshape(-1, 1), splits, align, backend=backend).out.reshape(-1)
+    # A kept row of expert e moves down by the padding of the experts before it.
+    shift = torch.tensor([a - b for a, b in zip(split_offsets(padded.splits),
+                                                split_offsets(splits))][:-1] or [0],
+                         dtype=torch.int64, device=m.rows.device)
+    experts = slot_experts(routing, m.map_type, m.num_experts).clamp(min=0)
+    rows = torch.where(m.rows >= 0, m.rows.to(torch.int64) + shift[experts], -1)
+    row_map = RowIdMap(rows.to(torch.int32), m.map_type, m.num_experts,
+                       sum(padded.splits), padded.splits)
+    return Permuted(padded.out, row_map, probs_out)
+
+
+__all__ = ["moe_permute", "moe_permute_and_pad", "moe_unpermute", "moe_unpermute_bwd",
+           "moe_sort_chunks", "moe_pad_rows", "moe_unpad_rows", "Permuted", "UnpermuteGrads",
+           "SortedChunks", "PaddedRows"]

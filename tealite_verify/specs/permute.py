@@ -31,7 +31,11 @@ from tealite_verify.tiers.metrics import Tier
 
 from hypothesis import strategies as st
 
-_PROBS_DTYPE = torch.float32
+
+
+def probs_dtype(case) -> torch.dtype:
+    """The probs' dtype: float32 (TE's recommendation) unless the case names another."""
+    return dtype_of(case.get("probs_dtype", "float32"))
 
 
 # ---- inputs -------------------------------------------------------------------------------
@@ -112,9 +116,10 @@ def rows_outputs(out, prefix: str = "") -> dict:
     return {f"{prefix}out": out}
 
 
-def _probs(shape, seed, device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed + 7)
-    return torch.rand(shape, generator=g, dtype=torch.float32).to(_PROBS_DTYPE).to(device)
+def _probs(case, shape, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(case["seed"] + 7)
+    return torch.rand(shape, generator=g, dtype=torch.float32).to(probs_dtype(case)) \
+        .to(device)
 
 
 # ---- expected values ------------------------------------------------------------------------
@@ -160,7 +165,7 @@ def permute_inputs(case, device) -> dict:
     inputs = dict(_rows_inputs(case, device), routing=routing.to(device))
     inputs["num_out"] = num_out_tokens(case, routing)
     if case["with_probs"]:
-        inputs["probs"] = _probs(tuple(routing.shape), case["seed"], device)
+        inputs["probs"] = _probs(case, tuple(routing.shape), device)
     return inputs
 
 
@@ -184,7 +189,7 @@ def permute_reference(x, case):
         ref.tokens_per_expert(x["routing"], case["map_type"], case["experts"], rows),
         torch.int64)
     if case["with_probs"]:
-        exp["probs"] = _exact(ref.permute_probs(x["probs"], rows, n_out), _PROBS_DTYPE)
+        exp["probs"] = _exact(ref.permute_probs(x["probs"], rows, n_out), probs_dtype(case))
     return exp
 
 
@@ -209,7 +214,7 @@ def _map_inputs(case, device) -> dict:
               "rows": torch.from_numpy(rows).to(torch.int32).to(device),
               "tokens_per_expert": tuple(int(v) for v in tpe)}
     if case["with_probs"]:
-        inputs["probs"] = _probs(tuple(routing.shape), case["seed"], device)
+        inputs["probs"] = _probs(case, tuple(routing.shape), device)
     return inputs
 
 
@@ -273,9 +278,9 @@ def unpermute_bwd_reference(x, case):
     hidden = case["shape"][1]
     return {"grad_permuted": Expected(gp, out_dt, Tier.ULP,
                                       lambda nm: permute_sum.product_tolerance(gp, out_dt, nm)),
-            "grad_probs": Expected(gprobs, _PROBS_DTYPE, Tier.ULP,
+            "grad_probs": Expected(gprobs, probs_dtype(case), Tier.ULP,
                                    lambda nm: np.where(rows >= 0, permute_sum.dot_tolerance(
-                                       gprobs, mag, hidden, _PROBS_DTYPE, nm), 0.0))}
+                                       gprobs, mag, hidden, probs_dtype(case), nm), 0.0))}
 
 
 # ---- sort chunks, pad / unpad -------------------------------------------------------------------
@@ -302,13 +307,14 @@ def split_cases(draw, dtype=None, size="ci"):
     case.pop("hidden")
     case["order"] = draw(st.permutations(list(range(len(splits)))))
     case["with_probs"] = draw(st.booleans())
+    case["probs_dtype"] = draw(strat.probs_dtypes())
     return case
 
 
 def sort_inputs(case, device) -> dict:
     inputs = _rows_inputs(case, device)
     if case["with_probs"]:
-        inputs["probs"] = _probs((case["shape"][0],), case["seed"], device)
+        inputs["probs"] = _probs(case, (case["shape"][0],), device)
     return inputs
 
 
@@ -325,7 +331,8 @@ def sort_reference(x, case):
     splits = splits_of(case)
     exp = _rows_expected(x, case, lambda a, fill: ref.sort_chunks(a, splits, case["order"]))
     if case["with_probs"]:
-        exp["probs"] = _exact(ref.sort_chunks(x["probs"], splits, case["order"]), _PROBS_DTYPE)
+        exp["probs"] = _exact(ref.sort_chunks(x["probs"], splits, case["order"]),
+                              probs_dtype(case))
     return exp
 
 
@@ -378,8 +385,8 @@ def _split(splits, hidden, align, order, dtype="bfloat16", **kw):
 
 _ROUTE_SMOKE = (
     _route("mask", 13, 4, 2, 64),
-    _route("index", 11, 8, 3, 40, "float16"),
-    _route("mask", 17, 5, 2, 24, "float32", nobody=0.25, drop=6),
+    _route("index", 11, 8, 3, 40, "float16", probs_dtype="bfloat16"),
+    _route("mask", 17, 5, 2, 24, "float32", nobody=0.25, drop=6, probs_dtype="float16"),
     _route("index", 7, 3, 3, 19, "float32", drop=9, with_probs=False),
     _route("mask", 0, 4, 2, 16),
     _route("mask", 9, 1, 1, 33, "float16", nobody=1.0),

@@ -166,6 +166,8 @@ def _tokens(max_tokens: int) -> st.SearchStrategy[int]:
 
 _QUANT = pick(None, None, None, *PERMUTE_QUANT)
 _NOBODY = pick(0.0, 0.0, 0.25, 1.0)
+# Router probs: float32 mostly (TE's recommendation), bf16 / fp16 as a router may emit them.
+_PROBS_DTYPES = pick("float32", "float32", "bfloat16", "float16")
 
 
 @st.composite
@@ -181,7 +183,7 @@ def permute_routing(draw, size: str = "ci") -> dict:
     drop = draw(st.one_of(pick(0, 0, 0, 1), _ints(0, max(0, tokens * topk))))
     return {"map_type": map_type, "tokens": tokens, "experts": experts, "topk": topk,
             "nobody": draw(_NOBODY) if map_type == "mask" else 0.0, "drop": drop,
-            "routing_seed": draw(seeds())}
+            "routing_seed": draw(seeds()), "probs_dtype": draw(_PROBS_DTYPES)}
 
 
 @st.composite
@@ -215,6 +217,10 @@ def permute_splits(draw, size: str = "ci") -> list[int]:
     elem = {"uniform": _ints(0, cap), "zeros": pick(0, 0, 1, cap),
             "primes": st.sampled_from(primes)}[kind]
     return draw(st.lists(elem, min_size=groups, max_size=groups))
+
+
+def probs_dtypes() -> st.SearchStrategy[str]:
+    return _PROBS_DTYPES
 
 
 def pad_aligns() -> st.SearchStrategy[int]:

@@ -3,22 +3,28 @@
 Three kernels:
 
 * ``_scatter_rows_kernel`` (permute): one program per tile of tokens x hidden columns loads
-  the tokens' block once and stores it to each of its kept rows (the row-id map's -1 slots store nothing);
-  the permuted probs and row-indexed scales go through the same kernel as one-column rows.
-  Reading every token once and writing each copy once is what a copy costs, so the kernel is
-  bandwidth bound (benchmarks/test_bench_permute.py).
+  the tokens' block once and stores it to each of their kept rows (a -1 slot of the row-id
+  map stores nothing); the permuted probs and row-indexed scales go through the same kernel
+  as one-column rows.  Every token is read once and every copy written once, what a copy
+  costs, so the kernel is bandwidth bound (benchmarks/test_bench_permute.py).
 * ``_gather_rows_kernel`` (sort-chunks, pad, unpad): one program per tile of output rows
   copies their source rows, or writes the fill pattern where the source is -1.
-* ``_unpermute_kernel`` / ``_unpermute_bwd_kernel``: one program per tile of tokens sums the token's kept slots in slot order in fp32 (``acc + x * p``: the compiler may
-  contract it into an FMA, which tiers/permute_sum.py's gamma_k covers); the backward writes
-  ``p * dy`` to each kept row and, with probs, one program per row of tokens reduces
-  ``dy . permuted[row]`` over the hidden blocks for every slot.
+* ``_unpermute_kernel``: one program per tile of tokens sums each token's kept slots in slot
+  order in fp32 (``acc + x * p``: the compiler may contract it into an FMA, which
+  tiers/permute_sum.py's gamma_k covers).  ``_unpermute_bwd_kernel`` (with merging probs; a
+  plain sum's backward is permute's scatter): one program per tile of tokens writes
+  ``p * dy`` to each kept row and reduces ``dy . permuted[row]`` over the hidden blocks for
+  every slot.
+* Tiles hold up to 4096 elements: registers on a GPU, and few large programs in the
+  interpreter, whose cost is per program (one row per program cost CI minutes).
 
 Data movement runs on bit patterns (the host passes same-width integer views), so FP8 codes,
 packed e2m1 bytes, E8M0 scales and bf16 move exactly on every target; arithmetic reads bf16
-through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is built with
-torch integer ops on the device (``moe_types.make_row_id_map``: a stable sort by expert), as
-tealite's torch backend does; the kernels do the data movement and the sums.
+through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is two kernels
+of its own (``_rank_kernel``: one program per expert scans its candidate slots in blocks, a
+block cumsum plus the running count ranking each hit; ``_rows_kernel``: rank plus the rows of
+the experts before), independent of the torch backend's torch-op construction; the host reads
+the kept tokens per expert once (the grouped GEMM's m_splits).
 """
 from __future__ import annotations
 
@@ -28,8 +34,8 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
-from tealite.moe_types import (RowIdMap, chunk_source_rows, make_row_id_map, pad_source_rows,
-                               unpad_source_rows)
+from tealite.moe_types import (MapType, RowIdMap, chunk_source_rows, pad_source_rows,
+                               slot_experts, unpad_source_rows)
 from tealite.types import Op
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -125,6 +131,64 @@ def _unpermute_bwd_kernel(dy_ptr, x_ptr, rows_ptr, p_ptr, gx_ptr, gp_ptr, N, H, 
         store_f32(gp_ptr, t * SLOTS + s, tl.sum(dot, axis=1), t_ok, PROBS_BF16)
 
 
+@triton.jit
+def _rank_kernel(experts_ptr, rank_ptr, count_ptr, TOTAL, SLOTS, COLUMN: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """Program e ranks the slots routed to expert e in (token, slot) order and counts them:
+    a mask's candidates are its column e (``COLUMN``), indices' are every slot."""
+    e = tl.program_id(0)
+    carry = tl.zeros((), tl.int32)
+    for b in range(0, TOTAL, BLOCK):
+        i = (b + tl.arange(0, BLOCK)).to(tl.int64)
+        ok = i < TOTAL
+        off = i * SLOTS + e if COLUMN else i
+        hit = (tl.load(experts_ptr + off, mask=ok, other=-1) == e).to(tl.int32)
+        tl.store(rank_ptr + off, tl.cumsum(hit, axis=0) - 1 + carry, mask=ok & (hit != 0))
+        carry += tl.sum(hit, axis=0)
+    tl.store(count_ptr + e, carry)
+
+
+@triton.jit
+def _rows_kernel(experts_ptr, rank_ptr, before_ptr, rows_ptr, TOTAL, num_out,
+                 BLOCK: tl.constexpr):
+    """row = the slot's rank + the rows of the experts before its own; -1 when unrouted or
+    at / past num_out (dropped)."""
+    i = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = i < TOTAL
+    e = tl.load(experts_ptr + i, mask=ok, other=-1)
+    routed = ok & (e >= 0)
+    pos = tl.load(rank_ptr + i, mask=routed, other=0) + \
+        tl.load(before_ptr + tl.maximum(e, 0), mask=routed, other=0)
+    tl.store(rows_ptr + i, tl.where(routed & (pos < num_out), pos, -1), mask=ok)
+
+
+_MAP_BLOCK = 1024
+
+
+def row_id_map(routing, map_type, num_experts: int, num_out_tokens: int) -> RowIdMap:
+    """The row-id map in two kernels (moe_types' order): per-expert ranks and counts, then
+    each slot's row from its rank and the exclusive prefix sum of the counts.  The kept rows
+    per expert follow from the counts (dropping takes the tail of the order)."""
+    experts = slot_experts(routing, map_type, num_experts).to(torch.int32).contiguous()
+    n, slots = experts.shape
+    dev = experts.device
+    rank = torch.empty_like(experts)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
+    rows = torch.empty_like(experts)
+    column = map_type == MapType.MASK
+    total = n if column else n * slots
+    if experts.numel():
+        _rank_kernel[(num_experts,)](experts, rank, counts, total, slots, COLUMN=column,
+                                     BLOCK=_MAP_BLOCK)
+    before = (torch.cumsum(counts, dim=0) - counts).to(torch.int32)
+    if experts.numel():
+        _rows_kernel[(triton.cdiv(experts.numel(), _MAP_BLOCK),)](
+            experts, rank, before, rows, experts.numel(), num_out_tokens, BLOCK=_MAP_BLOCK)
+    kept = torch.minimum(counts, (num_out_tokens - before).clamp(min=0))
+    return RowIdMap(rows, map_type, num_experts, num_out_tokens,
+                    tuple(int(c) for c in kept.tolist()))
+
+
 def _blocks(h: int) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_H): up to 4096 elements a tile (registers on a GPU; few, large
     programs in the interpreter, whose cost is per program)."""
@@ -174,7 +238,7 @@ def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
 
 @BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
-    row_map = make_row_id_map(routing, map_type, num_experts, num_out_tokens)
+    row_map = row_id_map(routing, map_type, num_experts, num_out_tokens)
     probs_out = None
     if probs is not None:
         # A token's probs are one (slots,) row; each kept slot's value goes to its own row.

@@ -1,0 +1,69 @@
+"""MoE token permutation against the in-run device copy (issue 16 target: permute / unpermute
+at 70 % of copy bandwidth): tealite's triton backend, the torch backend as a fallback
+reference, and aiter_triton (AITER's ``moe_align_block_size`` row order, index maps) side by
+side, on one bf16 token batch routed top-k by indices and as a mask."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tealite
+from benchmarks import _cases as C
+from benchmarks.conftest import _bf16_randn
+
+PERMUTE = C.TARGETS["permute"][1]
+
+
+@pytest.fixture(scope="module")
+def permute_inputs(bench_config):
+    tokens, hidden, experts, topk = C.PERMUTE_SHAPES[bench_config.size]
+    dev = bench_config.device
+    x = _bf16_randn((tokens, hidden), dev, 5)
+    g = torch.Generator().manual_seed(6)
+    idx = torch.rand((tokens, experts), generator=g).argsort(dim=1)[:, :topk]
+    mask = torch.zeros((tokens, experts), dtype=torch.bool).scatter_(1, idx, True)
+    probs = torch.rand((tokens, topk), generator=g)
+    return x, idx.to(torch.int32).to(dev), mask.to(dev), probs.to(dev), experts
+
+
+def _routing(inputs, map_type):
+    x, idx, mask, probs, experts = inputs
+    return (idx, probs) if map_type == "index" else \
+        (mask, torch.zeros(mask.shape, device=x.device).masked_scatter_(mask, probs))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "aiter_triton"])
+@pytest.mark.parametrize("map_type", ["index", "mask"])
+def test_permute(bench, permute_inputs, copy_reference, map_type, backend):
+    x, experts = permute_inputs[0], permute_inputs[4]
+    routing, _ = _routing(permute_inputs, map_type)
+    if backend == "aiter_triton":
+        why = tealite.get_backend(backend).unavailable_reason()
+        if why or map_type == "mask":
+            pytest.skip(why or "AITER's moe_align_block_size takes top-k ids, not a mask")
+    out = tealite.moe_permute(x, routing, map_type=map_type, num_experts=experts,
+                              backend=backend)
+    bench.run(lambda: tealite.moe_permute(x, routing, map_type=map_type, num_experts=experts,
+                                          backend=backend),
+              group="permute", kernel=f"moe_permute {map_type}", backend=backend,
+              shape=tuple(x.shape), dtype=x.dtype,
+              nbytes=C.permute_bytes(x, routing, out.out, out.row_id_map.rows),
+              reference=copy_reference,
+              target_pct=PERMUTE if backend == "triton" else None)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "plain"])
+def test_unpermute(bench, permute_inputs, copy_reference, with_probs, backend):
+    x, experts = permute_inputs[0], permute_inputs[4]
+    routing, probs = _routing(permute_inputs, "index")
+    p = tealite.moe_permute(x, routing, map_type="index", num_experts=experts, backend="torch")
+    merging = probs if with_probs else None
+    y = tealite.moe_unpermute(p.out, p.row_id_map, merging_probs=merging, backend=backend)
+    bench.run(lambda: tealite.moe_unpermute(p.out, p.row_id_map, merging_probs=merging,
+                                            backend=backend),
+              group="permute", kernel="moe_unpermute" + (" probs" if with_probs else ""),
+              backend=backend, shape=tuple(p.out.shape), dtype=x.dtype,
+              nbytes=C.unpermute_bytes(p.out, p.row_id_map.rows, y, merging),
+              reference=copy_reference,
+              target_pct=PERMUTE if backend == "triton" else None)
