@@ -263,13 +263,17 @@ _trace: contextvars.ContextVar[list | None] = contextvars.ContextVar("tealite_tr
 @contextlib.contextmanager
 def trace():
     """Record every dispatch made inside the block (used by the harness to learn which
-    implementation ran and what numerics it declared for the exact case)."""
+    implementation ran and what numerics it declared for the exact case).  A nested block's
+    records reach the enclosing block's list too (after the nested block ends)."""
+    outer = _trace.get()
     records: list[DispatchRecord] = []
     token = _trace.set(records)
     try:
         yield records
     finally:
         _trace.reset(token)
+        if outer is not None:
+            outer.extend(records)
 
 
 _dry_run_op: contextvars.ContextVar[str | None] = contextvars.ContextVar("tealite_dry_run",

@@ -462,6 +462,8 @@ def _same_inputs(a: dict, b: dict) -> bool:
             return isinstance(y, torch.Tensor) and same_bits(x, y)
         if isinstance(x, np.ndarray):  # e.g. exact bit patterns kept for a reference
             return isinstance(y, np.ndarray) and x.dtype == y.dtype and np.array_equal(x, y)
+        if isinstance(x, (list, tuple)):  # e.g. one QuantizedTensor per group (grouped_qgemm)
+            return type(x) is type(y) and len(x) == len(y) and all(map(same, x, y))
         if dataclasses.is_dataclass(x):  # e.g. a QuantizedTensor built by make_inputs
             return type(x) is type(y) and all(
                 same(getattr(x, f.name), getattr(y, f.name)) for f in dataclasses.fields(x))

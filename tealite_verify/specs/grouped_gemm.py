@@ -5,8 +5,9 @@ many small groups (strategies/moe.py).
 Two verdicts per case: ``out`` against the float64 reference under the per-group GEMM bound
 (tiers/grouped_gemm.py), and ``parity``: the grouped path against the same backend's split
 path, a loop of single ``tealite.gemm`` calls (tiers/parity.py).  ``call`` runs both paths;
-the split path's output rides along as ``split:out`` (no reference verdict of its own: the
-gemm spec judges the single op).
+the split path's output rides along as ``split:out`` and what its single calls declared as
+``split:numerics`` (one Numerics per group, None where no call ran), for the bounded parity
+rule.  No reference verdict of its own: the gemm spec judges the single op.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite import registry
 from tealite.errors import UnsupportedCase
 from tealite.moe_types import GROUPED_LAYOUTS, split_offsets, splits_k
 from tealite.types import Op
@@ -34,6 +36,22 @@ from tealite_verify.tiers import parity
 from tealite_verify.tiers.metrics import Tier
 
 SPLIT_OUTPUT = "split:out"
+SPLIT_NUMERICS = "split:numerics"
+
+
+def declared_by(op: Op, call):
+    """(``call()``'s result, the numerics its dispatch of ``op`` declared)."""
+    with registry.trace() as records:
+        result = call()
+    ran = [r for r in records if r.op == op]
+    return result, (ran[-1].numerics if ran else None)
+
+
+def with_split(outputs: dict, split) -> dict:
+    """``outputs`` plus the split path's output and per-group numerics (when it ran)."""
+    if split is not None:
+        outputs[SPLIT_OUTPUT], outputs[SPLIT_NUMERICS] = split
+    return outputs
 
 
 def stored_shapes(case) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -93,17 +111,14 @@ def call(inputs, case, backend):
         out_dtype=dtype_of(case["out_dtype"]), bias=inputs.get("bias"),
         out=None if prior is None else prior.clone(), accumulate=case["accumulate"],
         backend=backend)
-    outputs = {"out": out}
-    split = split_path(inputs, case, backend)
-    if split is not None:
-        outputs[SPLIT_OUTPUT] = split
-    return outputs
+    return with_split({"out": out}, split_path(inputs, case, backend))
 
 
-def split_path(inputs, case, backend) -> torch.Tensor | None:
+def split_path(inputs, case, backend) -> tuple[torch.Tensor, tuple] | None:
     """The split per-group path: the same backend's single ``gemm`` on each non-empty group
     (bias[g]; accumulate as its ``beta = 1`` into the group's prior output), the empty groups
-    as the contract fixes them.  None when the backend's gemm refuses a group."""
+    as the contract fixes them; (output, per-group numerics).  None when the backend's gemm
+    refuses a group."""
     a, b, bias = inputs["a"], inputs["b"], inputs.get("bias")
     splits, layout = case["m_splits"], case["layout"]
     out_dt = dtype_of(case["out_dtype"])
@@ -111,6 +126,7 @@ def split_path(inputs, case, backend) -> torch.Tensor | None:
     result = prior.clone() if prior is not None else \
         torch.zeros(out_shape(case), dtype=out_dt, device=b.device)
     off = split_offsets(splits)
+    declared = [None] * len(splits)
     for g, rows in enumerate(splits):
         if rows == 0:
             continue
@@ -120,14 +136,15 @@ def split_path(inputs, case, backend) -> torch.Tensor | None:
         else:
             a_g, b_g, target = (a[g] if a.dim() == 3 else a), b[lo:hi], result[lo:hi]
         try:
-            r = tealite.gemm(a_g, b_g, layout=layout, out_dtype=out_dt,
-                             bias=None if bias is None else bias[g],
-                             out=target.clone() if case["accumulate"] else None,
-                             beta=1.0 if case["accumulate"] else 0.0, backend=backend)
+            r, declared[g] = declared_by(Op.GEMM, lambda: tealite.gemm(
+                a_g, b_g, layout=layout, out_dtype=out_dt,
+                bias=None if bias is None else bias[g],
+                out=target.clone() if case["accumulate"] else None,
+                beta=1.0 if case["accumulate"] else 0.0, backend=backend))
         except UnsupportedCase:
             return None
         target.copy_(r.out)
-    return result
+    return result, tuple(declared)
 
 
 def _rows_of(bias, splits) -> np.ndarray:
@@ -160,20 +177,29 @@ def reference(x, case):
                                                layout=layout, mag=True)
         return mag, flushed
 
-    def bound(numerics):
-        mag, flushed = magnitudes(numerics.alignment_floor,
-                                  numerics.subnormal_inputs == "may_flush")
-        return grouped_tier.grouped_bound(mag, p, value, splits, case["k"], layout, out_dt,
-                                          numerics, epilogue_abs, flushed)
+    def bound(numerics):  # one declaration, or one per group (the split path's)
+        return grouped_tier.grouped_bound(
+            lambda num: magnitudes(num.alignment_floor, num.subnormal_inputs == "may_flush"),
+            p, value, splits, case["k"], layout, out_dt, numerics, epilogue_abs)
 
-    prior_t = None if prior is None else torch.from_numpy(prior).to(out_dt)
+    return verdicts(value, out_dt, bound, splits, layout, prior)
+
+
+def verdicts(value, out_dt, bound, splits, layout, prior) -> dict[str, Expected]:
+    """``out`` (the per-group GEMM bound, empty groups exact) and ``parity`` (tiers/parity.py)
+    of a grouped GEMM case; ``bound(numerics or per-group numerics)``."""
+    prior_t = None if prior is None else torch.from_numpy(np.asarray(prior)).to(out_dt)
+
+    def parity_check(outs, num):
+        return parity.judge(outs["out"], outs.get(SPLIT_OUTPUT), value, lambda: bound(num),
+                            lambda: bound(outs[SPLIT_NUMERICS]), out_dt,
+                            matches_split=num.grouped_matches_split)
+
     return {
         "out": Expected(value, out_dt, Tier.GEMM, bound, check=lambda outs, num:
                         grouped_tier.judge(outs["out"], value, bound(num), out_dt, splits,
                                            layout, prior_t)),
-        "parity": Expected(value, out_dt, Tier.PARITY, check=lambda outs, num: parity.judge(
-            outs["out"], outs.get(SPLIT_OUTPUT), value, bound(num), out_dt,
-            matches_split=num.grouped_matches_split)),
+        "parity": Expected(value, out_dt, Tier.PARITY, check=parity_check),
     }
 
 

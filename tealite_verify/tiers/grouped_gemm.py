@@ -46,23 +46,45 @@ def group_bound(p_abs, p, value, k: int, out_dtype, numerics, epilogue_abs,
                                       flushed_abs=flushed_abs)["out"])
 
 
-def grouped_bound(p_abs, p, value, splits, k: int, layout: str, out_dtype, numerics,
-                  epilogue_abs, flushed_abs=None) -> np.ndarray:
-    """The whole output's bound: split-M layouts in one piece (a common K), NT group by group
-    with each group's k_g (out[g] of the (G, M, N) arrays)."""
-    if layout != "NT":
-        return group_bound(p_abs, p, value, k, out_dtype, numerics, epilogue_abs, flushed_abs)
-    if not len(splits):
+def grouped_bound(magnitudes, p, value, splits, k: int, layout: str, out_dtype, numerics,
+                  epilogue_abs) -> np.ndarray:
+    """The whole output's bound, group by group: rows [o_g, o_g + s_g) (split-M, contraction
+    ``k``) or out[g] (NT, contraction k_g).  ``numerics``: one declaration for every group (a
+    grouped kernel's), or one per group (a split path's single calls; None for a group it did
+    not call).  ``magnitudes(numerics) -> (mag, flushed_abs or None)`` over the whole output,
+    as tiers/gemm.py takes them for that declaration."""
+    per_group = list(numerics) if isinstance(numerics, (list, tuple)) else \
+        [numerics] * len(splits)
+    off = _offsets(splits)
+    parts = []
+    for g, num in enumerate(per_group):
+        at = g if splits_k(layout) else slice(off[g], off[g + 1])
+        k_g = splits[g] if splits_k(layout) else k
+        if num is None or splits[g] == 0:
+            parts.append(np.zeros(np.shape(p[at])))
+            continue
+        mag, flushed = magnitudes(num)
+        parts.append(group_bound(mag[at], p[at], value[at], k_g, out_dtype, num,
+                                 epilogue_abs[at], None if flushed is None else flushed[at]))
+    if not parts:
         return np.zeros(np.shape(p))
-    return np.stack([group_bound(p_abs[g], p[g], value[g], k_g, out_dtype, numerics,
-                                 epilogue_abs[g],
-                                 None if flushed_abs is None else flushed_abs[g])
-                     for g, k_g in enumerate(splits)])
+    return np.stack(parts) if splits_k(layout) else np.concatenate(parts)
+
+
+def _offsets(splits) -> list[int]:
+    out = [0]
+    for s in splits:
+        out.append(out[-1] + s)
+    return out
+
+
+def splits_k(layout: str) -> bool:
+    return layout == "NT"
 
 
 def empty_groups(splits, layout: str) -> list[int]:
     """The groups whose output the empty-group rule fixes exactly (NT only)."""
-    return [g for g, s in enumerate(splits) if s == 0] if layout == "NT" else []
+    return [g for g, s in enumerate(splits) if s == 0] if splits_k(layout) else []
 
 
 def judge(got: torch.Tensor, value, tol, out_dtype, splits, layout: str,
