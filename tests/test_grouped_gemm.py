@@ -19,6 +19,7 @@ from tealite.moe_types import GROUPED_LAYOUTS, split_offsets
 from tealite.types import Op
 from tealite_verify.fuzz.worker import classify
 from tealite_verify.mutate.base import get_mutation
+from tealite_verify.references import grouped_gemm as ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 from tealite_verify.specs.grouped_gemm import make_case
@@ -109,6 +110,32 @@ BAD_Q = [
 def test_bad_quantized_input_is_refused_naming_the_argument(call, message):
     with pytest.raises(TealiteArgumentError, match=message):
         call()
+
+
+# ---- the float64 reference against an independent formulation ---------------------------
+
+def _membership(splits) -> np.ndarray:
+    """(G, total) one-hot: row r belongs to group g."""
+    return np.repeat(np.eye(len(splits)), splits, axis=1)
+
+
+def test_reference_matches_a_one_hot_einsum():
+    rng = np.random.default_rng(16)
+    splits = [3, 0, 5, 1]
+    g, n, k, m = len(splits), 6, 7, 4
+    hot = _membership(splits)
+    b = rng.standard_normal((sum(splits), k))
+    w_t, w_n = rng.standard_normal((g, n, k)), rng.standard_normal((g, k, n))
+    bias, prior = rng.standard_normal((g, n)), rng.standard_normal((sum(splits), n))
+    want_tn = np.einsum("gr,rk,gnk->rn", hot, b, w_t) + hot.T @ bias + prior
+    got = ref.grouped_gemm(w_t, b, splits, layout="TN", bias=bias, prior=prior)
+    assert np.allclose(got, want_tn, rtol=1e-13, atol=1e-13)
+    got = ref.grouped_gemm(w_n, b, splits, layout="NN")
+    assert np.allclose(got, np.einsum("gr,rk,gkn->rn", hot, b, w_n), rtol=1e-13, atol=1e-13)
+    a_nt, b_nt = rng.standard_normal((sum(splits), n)), rng.standard_normal((sum(splits), m))
+    got = ref.grouped_gemm(a_nt, b_nt, splits, layout="NT")
+    want = np.einsum("gr,rm,rn->gmn", hot, b_nt, a_nt)
+    assert np.allclose(got, want, rtol=1e-13, atol=1e-13) and not got[1].any()
 
 
 # ---- the torch backend: the contract's edges ----------------------------------------------
@@ -242,3 +269,64 @@ def test_a_parity_failure_is_a_finding_of_its_own_kind(make_backend):
     kinds = {f.kind: f for f in classify(rep, "cpu", {}, 0)}
     assert "parity" in kinds and kinds["parity"].output == "parity", rep.describe()
     assert "its split path" in kinds["parity"].detail
+
+
+# ---- grouped_qgemm: the same oracle on quantized operands ---------------------------------
+
+Q_SPEC = get_spec("grouped_qgemm")
+Q_CASES = list(Q_SPEC.smoke_cases[:4])
+
+
+def _qgemm_f64(recipe_a, a_ops, recipe_b, b_ops, splits, *, m, n, k, layout, out_dtype, bias,
+               out, accumulate):
+    """A correct grouped qgemm that multiplies the fp32-dequantized operands in float64 and
+    rounds once (another accumulation than torch's fp32 matmul)."""
+    from tealite.backends.torch.qgemm import _dequantize_k_last
+    off = split_offsets(splits)
+    by_k = layout == "NT"
+    result = out if out is not None else torch.zeros((len(splits), m, n) if by_k else (m, n),
+                                                     dtype=out_dtype)
+    for g, rows in enumerate(splits):
+        if rows == 0:
+            if by_k and not accumulate:
+                result[g].zero_()
+            continue
+        a_g, b_g = a_ops[g if len(a_ops) > 1 else 0], b_ops[g]
+        k_g = rows if by_k else k
+        a = _dequantize_k_last(recipe_a, a_g.codes, a_g.scales, n, k_g).double()
+        b = _dequantize_k_last(recipe_b, b_g.codes, b_g.scales, m if by_k else rows, k_g).double()
+        acc = b @ a.t()
+        if bias is not None:
+            acc = acc + bias[g].double()
+        target = result[g] if by_k else result[off[g]:off[g + 1]]
+        if accumulate:
+            acc = acc + target.double()
+        target.copy_(acc.to(out_dtype))
+    return result
+
+
+def _grouped_q_backend(make_backend, prefix, fn, numerics):
+    b = make_backend(prefix)
+    b.implements(Op.QGEMM, like="torch")(tealite.get_backend("torch").impls["qgemm"].fn)
+    b.implements(Op.GROUPED_QGEMM, dtypes=(F32, BF16, torch.float16), layouts=GROUPED_LAYOUTS,
+                 numerics=numerics)(fn)
+    return b.name
+
+
+def _q_verdicts(name) -> list[dict[str, bool]]:
+    out = []
+    for case in Q_CASES:
+        rep = run_case(Q_SPEC, case, backends=[name], pairwise=False)
+        assert rep.outcomes[name].status == "ok", rep.describe()
+        out.append({c.output: c.metrics.passed for c in rep.comparisons})
+    return out
+
+
+def test_quantized_parity_catches_a_dropped_group_and_accepts_float64_accumulation(
+        make_backend):
+    numerics = {"compute_dtype": F32, "operands_dequantized_to": F32}
+    good = _grouped_q_backend(make_backend, "q_f64", _qgemm_f64, numerics)
+    assert all(all(v.values()) for v in _q_verdicts(good))
+    dropped = get_mutation("grouped_qgemm.last_group_dropped").wrap(_qgemm_f64)
+    bad = _grouped_q_backend(make_backend, "q_dropped", dropped, numerics)
+    assert all(not v["parity"] for v in _q_verdicts(bad))

@@ -61,7 +61,8 @@ def _check_out(out, accumulate: bool, shape: tuple, out_dtype, layout: str) -> N
             "accumulate=True needs out= holding the prior output to add into")
     if out is not None:
         check_tensor("out", out, ndim=len(shape), dtypes=(out_dtype,))
-        what = "(G, M, N) for layout NT" if splits_k(layout) else f"(M_total, N) for layout {layout}"
+        what = "(G, M, N) for layout NT" if splits_k(layout) else \
+            f"(M_total, N) for layout {layout}"
         check_shape("out", out, shape, what)
 
 
@@ -168,7 +169,8 @@ def grouped_qgemm(a, b, m_splits, *, layout: str = "TN",
                layout)
     devices = set().union(*(operand_devices(p) for p in pairs))
     devices |= {t.device for t in (bias, out) if t is not None}
-    require(len(devices) == 1, f"all operands must be on one device, got {sorted(map(str, devices))}")
+    require(len(devices) == 1,
+            f"all operands must be on one device, got {sorted(map(str, devices))}")
     params = dict(kind=pairs[0].kind, groups=groups, m_splits=splits, m=m, n=n, k=k,
                   layout=layout, out_dtype=out_dtype, dtype=out_dtype, fmt_a=qa[0].recipe.fmt,
                   fmt_b=qb[0].recipe.fmt, recipe_a=qa[0].recipe, recipe_b=qb[0].recipe,

@@ -30,7 +30,9 @@ bounded only.  MXFP8 / MXFP4 grouped qgemm is not implemented (refused with the 
 
 Performance: the pointer-based tiled kernel of gemm.py (no TMA), persistent over the flat
 tile list; programs = a multiple of the SM count; configs from ``_CUDA`` / ``_HIP`` below
-(untimed: benchmarks/test_bench_grouped_gemm.py is where they are measured).
+(untimed: benchmarks/test_bench_grouped_gemm.py is where they are measured).  Not yet run on
+a GPU: the three kernels cross-compile with triton 3.9 for sm_90 (128x256x64 / 3 stages: 48 KB
+shared for split M, 128 KB for NT; FP8 block 128x128x128: 32 KB) and for gfx942.
 """
 from __future__ import annotations
 
