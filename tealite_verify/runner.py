@@ -34,7 +34,7 @@ from tealite_verify.specs import Expected, OpSpec
 from tealite_verify.tiers import bounded
 from tealite_verify.tiers import probabilistic as prob
 from tealite_verify.tiers.exact import compare_exact
-from tealite_verify.tiers.metrics import Metrics
+from tealite_verify.tiers.metrics import Metrics, Tier
 
 
 @dataclass
@@ -112,7 +112,9 @@ class CaseReport:
         for c in self.comparisons:
             mark = "ok  " if c.metrics.passed else "FAIL"
             mark = "SUSP" if c.metrics.suspicious else mark
-            lines.append(f"  {mark} {c.lhs} vs {c.rhs} [{c.output}]: {c.metrics.summary()}")
+            # A parity verdict compares the backend with its own split path (tiers/parity.py).
+            rhs = "its split path" if c.metrics.tier is Tier.PARITY else c.rhs
+            lines.append(f"  {mark} {c.lhs} vs {rhs} [{c.output}]: {c.metrics.summary()}")
         bad = sorted({c.lhs for c in self.failures} | {o.backend for o in self.errors}
                      or {c.lhs for c in self.suspicious})
         lines.append(f"  repro: {self.repro(bad[0] if len(bad) == 1 else None)}")
