@@ -68,4 +68,4 @@ def grouped_gemm_dims(size: str = "ci") -> st.SearchStrategy[tuple[list[int], in
     the tokens (TN / NN: rows, summing to M_total; NT: the contraction, summing to K_total);
     M is NT's output rows, K the split-M contraction; N (and K) often off the 16-grid."""
     total, max_mn, max_k = GROUPED_GEMM_LIMITS[size]
-    return st.tuples(m_splits(total), dim(max_mn), dim(max_mn), dim(max_k))
+    return st.tuples(m_splits(total, 8), dim(max_mn), dim(max_mn), dim(max_k))
