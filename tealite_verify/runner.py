@@ -35,7 +35,7 @@ from tealite_verify.specs import Expected, OpSpec
 from tealite_verify.tiers import bounded
 from tealite_verify.tiers import probabilistic as prob
 from tealite_verify.tiers.exact import compare_exact
-from tealite_verify.tiers.metrics import Metrics
+from tealite_verify.tiers.metrics import Metrics, Tier
 
 
 @dataclass
@@ -120,7 +120,9 @@ class CaseReport:
         for c in self.comparisons:
             mark = "ok  " if c.metrics.passed else "FAIL"
             mark = "SUSP" if c.metrics.suspicious else mark
-            lines.append(f"  {mark} {c.lhs} vs {c.rhs} [{c.output}]: {c.metrics.summary()}")
+            # A parity verdict compares the backend with its own split path (tiers/parity.py).
+            rhs = "its split path" if c.metrics.tier is Tier.PARITY else c.rhs
+            lines.append(f"  {mark} {c.lhs} vs {rhs} [{c.output}]: {c.metrics.summary()}")
         lines += [f"  FAIL {f.summary()}" for f in self.replay_failures]
         lines += [f"  note: {n}" for n in self.replay_notes]
         bad = sorted({c.lhs for c in self.failures} | {o.backend for o in self.errors}

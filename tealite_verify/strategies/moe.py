@@ -81,7 +81,9 @@ def grouped_gemm_dims(size: str = "ci") -> st.SearchStrategy[tuple[list[int], in
     the tokens (TN / NN: rows, summing to M_total; NT: the contraction, summing to K_total);
     M is NT's output rows, K the split-M contraction; N (and K) often off the 16-grid."""
     total, max_mn, max_k = GROUPED_GEMM_LIMITS[size]
-    return st.tuples(m_splits(total), dim(max_mn), dim(max_mn), dim(max_k))
+    return st.tuples(m_splits(total, 8), dim(max_mn), dim(max_mn), dim(max_k))
+
+
 @functools.lru_cache(maxsize=None)
 def router_logit_distributions(dtype: str) -> st.SearchStrategy[dict]:
     """Ordinary values, exact ties (small integers: repeated logits), huge logits (softmax
@@ -237,10 +239,12 @@ _ALIGNS = pick(*PAD_ALIGNS)
 GQ_LIMITS = {"ci": (48, 96, 5), "local": (512, 512, 16), "large": (4096, 4096, 64)}
 
 
+@functools.lru_cache(maxsize=None)
 def gq_directions() -> st.SearchStrategy[tuple[bool, bool]]:
     return pick((True, False), (False, True), (True, True))
 
 
+@st.composite
 def gq_splits(draw, max_rows: int, max_groups: int, unit: int = 1) -> list[int]:
     """:func:`m_splits` in multiples of ``unit`` rows (MX columnwise: whole 32-row blocks per
     group), summing to at most ``max(max_rows, unit)``."""
