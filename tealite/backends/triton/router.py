@@ -117,12 +117,12 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
                 ingroup = ingroup & (cols[None, :] != idx[:, None])
             gscore = tl.where(gcols[None, :] == g, total[:, None], gscore)
         gfree = (gcols < num_groups)[None, :] & (rows < tokens)[:, None]
-        eligible = valid & False
+        eligible = valid & (cols[None, :] < 0)  # all False, the tile's shape
         for _ in range(0, group_topk):
             v, gi = _take_max(gscore, gfree, gcols, BG)
             gfree = gfree & (gcols[None, :] != gi[:, None])
             eligible = eligible | (valid & ((cols // group_size)[None, :] == gi[:, None]))
-    chosen = valid & False
+    chosen = valid & (cols[None, :] < 0)
     free = eligible
     for _ in range(0, topk):
         v, idx = _take_max(route, free, cols, BE)
