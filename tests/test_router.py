@@ -17,12 +17,12 @@ import torch
 
 import tealite
 from tealite.backends.torch import router as T
-from tealite.moe_types import SIGMOID_NORM_EPS, ScoreFunction, TieRule
+from tealite.moe_types import SIGMOID_NORM_EPS, TieRule
+from tealite.numerics import Numerics
 from tealite_verify.references import router as ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 from tealite_verify.tiers import router as tier
-from tealite.numerics import Numerics
 
 F32, F64 = torch.float32, torch.float64
 

@@ -68,8 +68,7 @@ from tealite.numerics import Numerics
 from tealite_verify.references import router as ref
 from tealite_verify.tiers.bounded import judge as judge_bounded
 from tealite_verify.tiers.metrics import Metrics, Tier, combine_pair, from_mask
-from tealite_verify.tiers.primitives import (compute_dtype, gamma, to_f64, underflow_error,
-                                             unit_roundoff)
+from tealite_verify.tiers.primitives import compute_dtype, gamma, underflow_error, unit_roundoff
 from tealite_verify.tiers.ulp import with_output_rounding
 
 _ROW_CHUNK = 256  # rows per vectorised selection check (bounds the (rows, combos, E) arrays)
@@ -313,10 +312,6 @@ def pair_of(check):
     def pair(out_x, out_y, num_x, num_y) -> Metrics:
         return combine_pair(check(out_x, num_x), check(out_y, num_y))
     return pair
-
-
-def f64(t) -> np.ndarray:
-    return to_f64(t)
 
 
 def unit_error(numerics: Numerics) -> float:
