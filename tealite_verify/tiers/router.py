@@ -42,8 +42,8 @@ normalised from zeros), and a backward ``tiny`` times its magnitude ``M``.  Off 
 
 Backward at the given map, with ``M`` the formula on absolute values:
 
-* softmax ``y_i (g_i - P)``, ``P = sum_j g_j y_j``: ``|err_i| <= M_i (d_y,i + max_j d_y,j +
-  gamma_n + 3u)`` with ``M_i = y_i (|g_i| + sum_j |g_j| y_j)``;
+* softmax ``y_i (g_i - P)``, ``P = sum_j g_j y_j``: ``|err_i| <= M_i (d_y,i + gamma_n + 3u)
+  + y_i sum_j |g_j| y_j d_y,j`` with ``M_i = y_i (|g_i| + sum_j |g_j| y_j)``;
 * normalised sigmoid ``d_i = g_i / S - P / S^2`` (``S = sum s + eps``): S carries
   ``d_S = d_s + gamma_k``, P ``d_s + gamma_k``, the divisions and the subtraction 4u:
   ``rho_d = 3 d_s + 3 gamma_k + 6u`` on ``M_d = |g_i| / S + sum |g_j| s_j / S^2``;
@@ -280,12 +280,14 @@ def softmax_bwd_tolerance(g, y, mask, x, n, numerics: Numerics):
     """The compute error of ``y (g - sum g y)`` (module docstring)."""
     u = _u(numerics)
     d_y = softmax_rel_error(x, mask, numerics)
-    d_max = np.max(np.where(np.asarray(mask, bool), d_y, 0.0), axis=-1, keepdims=True) \
-        if d_y.shape[-1] else d_y
-    a = np.abs(g) + np.sum(np.abs(g) * y, axis=-1, keepdims=True)
+    gy = np.abs(g) * y
+    a = np.abs(g) + np.sum(gy, axis=-1, keepdims=True)
+    # the sum's error: each term off by its own d_y (weighted, not the row's worst: a
+    # far-below-max logit has a large d_y and a negligible y)
+    p_err = np.sum(gy * d_y, axis=-1, keepdims=True)
     tiny = underflow_error(compute_dtype(numerics))
     # a y that underflows (subnormal or flushed) is off by up to tiny: times |g - P| <= a
-    return y * a * (d_y + d_max + gamma(n, u) + 3 * u) + 2 * tiny * a + tiny
+    return y * (a * (d_y + gamma(n, u) + 3 * u) + p_err) + 2 * tiny * a + tiny
 
 
 def sigmoid_bwd_tolerance(g, s, mask, normalised: bool, k, numerics: Numerics):
