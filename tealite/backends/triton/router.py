@@ -14,7 +14,9 @@ same kernels (softmax over all experts, or the sigmoid normalised over all of th
 backward is the router backward with every expert in the map).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
-exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  Rows wider than 8192
+exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  Not yet run on a GPU: both
+kernels cross-compile with triton 3.9 for sm_90 (to a cubin, no local-memory spills at 16
+tokens x 256 experts, bf16, sigmoid with groups and bias) and for gfx942.  Rows wider than 8192
 experts are refused (one token block in registers).  The aux loss is not implemented here
 (a two-number reduction: the torch backend's).
 """
