@@ -362,7 +362,8 @@ def test_aux_scores_normalised_over_the_chosen_only_is_caught(make_backend):
 # ---- tealite's Triton kernels (interpreter in CI) -------------------------------------------
 
 @pytest.mark.parametrize("op", ["router_fwd", "router_bwd", "router_aux_scores_fwd",
-                                "router_aux_scores_bwd"])
+                                "router_aux_scores_bwd", "moe_aux_loss_fwd",
+                                "moe_aux_loss_bwd"])
 def test_triton_router_on_the_smoke_cases(triton_device, op):
     spec = get_spec(op)
     for case in spec.smoke_cases:
