@@ -1,9 +1,10 @@
 """The MoE router (TE's fused top-k router, issue 16 target: 50 % of copy) forward and
 backward against the in-run device copy, at TE's regime of 16384 tokens x 256 experts (bf16
 logits, softmax after the top-k and sigmoid with groups and an expert bias, top-8):
-tealite's triton backend and the torch backend as a fallback reference.  AITER's Triton
-``topk`` / ``moe_routing`` kernels do not compute TE's router (aiter_triton refuses it:
-tealite/backends/aiter_triton/router.py says why), so they have no row here."""
+tealite's triton backend and the torch backend as a fallback reference, and AITER's Triton
+``moe_routing`` top-k (softmax after the top-k, the one configuration it computes:
+tealite/backends/aiter_triton/router.py) side by side; it writes (T, k) values and indices
+and a bitmatrix instead of the dense probs and map, and is charged the same bytes."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 import tealite
 from benchmarks import _cases as C
-from benchmarks.conftest import _bf16_randn
+from benchmarks.conftest import _bf16_randn, need_aiter
 
 ROUTER = C.TARGETS["router"][1]
 # (name, router options): DeepSeek-V3-style sigmoid with 8 groups, 4 kept, and a bias; and
@@ -59,3 +60,14 @@ def test_router(bench, router_inputs, copy_reference, direction, config, backend
               nbytes=C.router_bytes(tokens, experts, logits.element_size(),
                                     bwd=direction == "bwd"),
               reference=copy_reference, target_pct=ROUTER if backend == "triton" else None)
+
+
+def test_router_aiter(bench, aiter, router_inputs, copy_reference):
+    need_aiter(aiter, "topk")
+    logits, _, _ = router_inputs
+    tokens, experts = logits.shape
+    bench.run(lambda: aiter.topk(logits, 8, apply_softmax=True), group="router",
+              kernel="router_fwd softmax top8", backend="aiter moe_routing topk",
+              shape=logits.shape, dtype=logits.dtype,
+              nbytes=C.router_bytes(tokens, experts, logits.element_size()),
+              reference=copy_reference, foreign=True)

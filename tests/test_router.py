@@ -17,12 +17,12 @@ import torch
 
 import tealite
 from tealite.backends.torch import router as T
-from tealite.moe_types import SIGMOID_NORM_EPS, ScoreFunction, TieRule
+from tealite.moe_types import SIGMOID_NORM_EPS, TieRule
+from tealite.numerics import Numerics
 from tealite_verify.references import router as ref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 from tealite_verify.tiers import router as tier
-from tealite.numerics import Numerics
 
 F32, F64 = torch.float32, torch.float64
 
@@ -73,13 +73,14 @@ TE_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("cfg", TE_CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in
-                                                                  c.items()))
-@pytest.mark.parametrize("topk", [1, 4, 8])
+# (config, topk) pairs the front-end accepts: topk a multiple of group_topk.
+TE_CASES = [(c, k) for c in TE_CONFIGS for k in (1, 4, 8) if k % c.get("group_topk", 1) == 0]
+
+
+@pytest.mark.parametrize("cfg,topk", TE_CASES, ids=[
+    f"top{k}-" + "-".join(f"{n}={v}" for n, v in c.items()) for c, k in TE_CASES])
 def test_reference_matches_te_pytorch_router(cfg, topk):
     cfg = dict(cfg)
-    if cfg.get("group_topk") and topk % cfg["group_topk"]:
-        pytest.skip("topk must be a multiple of group_topk")
     g = torch.Generator().manual_seed(topk)
     x = torch.randn(61, 32, generator=g, dtype=F64)
     bias = torch.randn(32, generator=g, dtype=F64) * 0.1 if cfg.pop("bias", False) else None
@@ -249,6 +250,9 @@ WRONG = [
      _case(shape=(31, 32), topk=8, groups=[16, 4]), None),
     ("declared lowest-index ties broken high", dict(highest_ties=True), _case(dist=TIES),
      {"compute_dtype": F32, "topk_ties": TieRule.LOWEST_INDEX}),
+    ("declared lowest-index ties broken high (in groups)", dict(highest_ties=True),
+     _case(shape=(23, 16), topk=4, groups=[4, 2], kind="softmax_pre", dist=TIES),
+     {"compute_dtype": F32, "topk_ties": TieRule.LOWEST_INDEX}),
     ("bf16 scores declared fp32", dict(bf16_scores=True),
      _case(kind="sigmoid", dist={"kind": "normal", "scale": 0.01, "sample_dtype": "float32"}),
      {"compute_dtype": F32}),
@@ -358,7 +362,8 @@ def test_aux_scores_normalised_over_the_chosen_only_is_caught(make_backend):
 # ---- tealite's Triton kernels (interpreter in CI) -------------------------------------------
 
 @pytest.mark.parametrize("op", ["router_fwd", "router_bwd", "router_aux_scores_fwd",
-                                "router_aux_scores_bwd"])
+                                "router_aux_scores_bwd", "moe_aux_loss_fwd",
+                                "moe_aux_loss_bwd"])
 def test_triton_router_on_the_smoke_cases(triton_device, op):
     spec = get_spec(op)
     for case in spec.smoke_cases:
@@ -380,9 +385,9 @@ def test_triton_router_takes_the_lowest_index_among_ties(triton_device, kw):
 
 @pytest.mark.parametrize("case", [
     _case(shape=(29, 32), topk=4, dtype="float32"),
-    _case(shape=(13, 200), topk=8, dtype="float16"),
+    _case(shape=(3, 160), topk=2, dtype="float16"),
     _case(shape=(17, 7), topk=2, dtype="float32", dist=TIES),
-    _case(shape=(0, 8), topk=1, dtype="float32")], ids=["fp32", "fp16-200", "ties", "empty"])
+    _case(shape=(0, 8), topk=1, dtype="float32")], ids=["fp32", "fp16-two-blocks", "ties", "empty"])
 def test_aiter_triton_moe_routing_topk_maps_post_softmax(triton_device, case):
     report = run_case(get_spec("router_fwd"), case, backends=["torch", "aiter_triton"],
                       device=triton_device)

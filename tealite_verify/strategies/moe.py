@@ -21,7 +21,7 @@ SPLIT_KINDS = ("zeros", "primes", "one_group", "many_small", "uniform")
 
 # (max tokens, max experts) per size: ci keeps interpreted Triton cases tiny (one program per
 # token block, the whole expert row in registers); large is TE's (16384 x 256) regime in rows.
-ROUTER_LIMITS = {"ci": (40, 32), "local": (512, 128), "large": (4096, 256)}
+ROUTER_LIMITS = {"ci": (24, 32), "local": (512, 128), "large": (4096, 256)}
 # The score kinds a case names (case key "kind", a coverage layout axis): TE's softmax after
 # the top-k, softmax before it, and sigmoid.
 ROUTER_KINDS = ("softmax", "softmax_pre", "sigmoid")

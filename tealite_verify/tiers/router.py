@@ -35,12 +35,15 @@ default 1; first-order terms, each relative error ``d`` then used as ``d (1 + d)
 Weights at the backend's own selection C (so a legitimate near-tie flip is judged at what
 the backend chose): post-softmax ``d_y`` over C (n = k), pre-softmax ``d_y`` over all E,
 sigmoid ``d_s``, normalised ``d_s + (d_s + gamma_k) + u``, the scaling factor u; then one
-rounding into the output dtype (tiers/ulp.py).  Off C the weights are exactly 0.
+rounding into the output dtype (tiers/ulp.py).  Underflow: every value carries the compute
+format's smallest normal ``tiny`` absolutely (a flushed exp or sigmoid); a normalised
+sigmoid ``w = s / S`` carries ``tiny (1 + n w) / S`` (a row whose scores all underflow is
+normalised from zeros), and a backward ``tiny`` times its magnitude ``M``.  Off C the weights are exactly 0.
 
 Backward at the given map, with ``M`` the formula on absolute values:
 
-* softmax ``y_i (g_i - P)``, ``P = sum_j g_j y_j``: ``|err_i| <= M_i (d_y,i + max_j d_y,j +
-  gamma_n + 3u)`` with ``M_i = y_i (|g_i| + sum_j |g_j| y_j)``;
+* softmax ``y_i (g_i - P)``, ``P = sum_j g_j y_j``: ``|err_i| <= M_i (d_y,i + gamma_n + 3u)
+  + y_i sum_j |g_j| y_j d_y,j`` with ``M_i = y_i (|g_i| + sum_j |g_j| y_j)``;
 * normalised sigmoid ``d_i = g_i / S - P / S^2`` (``S = sum s + eps``): S carries
   ``d_S = d_s + gamma_k``, P ``d_s + gamma_k``, the divisions and the subtraction 4u:
   ``rho_d = 3 d_s + 3 gamma_k + 6u`` on ``M_d = |g_i| / S + sum |g_j| s_j / S^2``;
@@ -65,8 +68,7 @@ from tealite.numerics import Numerics
 from tealite_verify.references import router as ref
 from tealite_verify.tiers.bounded import judge as judge_bounded
 from tealite_verify.tiers.metrics import Metrics, Tier, combine_pair, from_mask
-from tealite_verify.tiers.primitives import (compute_dtype, gamma, to_f64, underflow_error,
-                                             unit_roundoff)
+from tealite_verify.tiers.primitives import compute_dtype, gamma, underflow_error, unit_roundoff
 from tealite_verify.tiers.ulp import with_output_rounding
 
 _ROW_CHUNK = 256  # rows per vectorised selection check (bounds the (rows, combos, E) arrays)
@@ -107,15 +109,33 @@ def sigmoid_rel_error(numerics: Numerics) -> float:
 
 
 # ---- the selection ----------------------------------------------------------------------
+def normalised_underflow(logits, mask, numerics: Numerics):
+    """The absolute error a flushed sigmoid leaves in ``w = s / (sum_mask s + eps)``: each s
+    may be off by the compute format's smallest normal, the sum by n of them, so w moves by
+    up to ``tiny (1 + n w) / S`` (large where every s of the row underflows)."""
+    x = np.asarray(logits, np.float64)
+    mask = np.asarray(mask, bool)
+    s = np.where(mask, ref.sigmoid(x), 0.0)
+    total = np.sum(s, axis=-1, keepdims=True) + 1e-20
+    n = np.sum(mask, axis=-1, keepdims=True)
+    tiny = underflow_error(compute_dtype(numerics))
+    return np.where(mask, tiny * (1 + n * s / total) / total, 0.0)
+
+
 def routing_score_error(logits, route, *, score_function: str, use_pre_softmax: bool,
-                        has_bias: bool, numerics: Numerics):
-    """e_r: the absolute error bound of the backend's routing scores."""
+                        has_bias: bool, numerics: Numerics, aux_topk: int | None = None):
+    """e_r: the absolute error bound of the backend's routing scores (``aux_topk``: the
+    aux-loss scores', which normalise the sigmoid over every expert when it is > 1)."""
     x = np.asarray(logits, np.float64)
     tiny = underflow_error(compute_dtype(numerics))
-    if score_function == "softmax" and not use_pre_softmax:
+    if score_function == "softmax" and not use_pre_softmax and aux_topk is None:
         return np.zeros(x.shape)
     if score_function == "softmax":
         return np.abs(route) * softmax_rel_error(x, None, numerics) + tiny
+    if aux_topk is not None and aux_topk > 1:
+        rel = aux_score_rel_error(x, topk=aux_topk, score_function=score_function,
+                                  numerics=numerics)
+        return np.abs(route) * rel + normalised_underflow(x, np.ones(x.shape, bool), numerics)
     s = ref.sigmoid(x)
     err = s * sigmoid_rel_error(numerics) + tiny
     return err + (_u(numerics) * np.abs(route) if has_bias else 0.0)
@@ -200,7 +220,8 @@ def _tie_rule_rows(tie_keys, chosen, group_size: int) -> np.ndarray:
 
 def check_selection(got_map, logits, *, topk: int, score_function: str,
                     use_pre_softmax: bool = False, num_groups=None, group_topk=None,
-                    expert_bias=None, route=None, numerics: Numerics) -> Metrics:
+                    expert_bias=None, route=None, aux: bool = False,
+                    numerics: Numerics) -> Metrics:
     """The routing map under the rule in the module docstring (one verdict per token)."""
     x = np.asarray(logits, np.float64)
     if got_map is None or tuple(got_map.shape) != x.shape or str(got_map.dtype) != "torch.bool":
@@ -213,7 +234,8 @@ def check_selection(got_map, logits, *, topk: int, score_function: str,
                                    use_pre_softmax=use_pre_softmax, expert_bias=expert_bias)
     err = routing_score_error(x, route, score_function=score_function,
                               use_pre_softmax=use_pre_softmax,
-                              has_bias=expert_bias is not None, numerics=numerics)
+                              has_bias=expert_bias is not None, numerics=numerics,
+                              aux_topk=topk if aux else None)
     counts = chosen.sum(axis=1)
     ok = (counts == topk) & _valid_rows(route, err, chosen, topk, num_groups, group_topk,
                                                 _u(numerics))
@@ -247,9 +269,10 @@ def weight_rel_error(logits, chosen, *, topk: int, score_function: str,
     return _second_order(d + (u if scaled else 0.0))
 
 
-def value_tolerance(ref, rel, out_dtype, numerics: Numerics):
-    """``|ref| rel`` plus underflow, then one rounding into ``out_dtype``."""
-    e_c = np.abs(ref) * rel + 2 * underflow_error(compute_dtype(numerics))
+def value_tolerance(ref, rel, out_dtype, numerics: Numerics, absolute=0.0):
+    """``|ref| rel`` plus underflow (and ``absolute``), then one rounding into
+    ``out_dtype``."""
+    e_c = np.abs(ref) * rel + 2 * underflow_error(compute_dtype(numerics)) + absolute
     return with_output_rounding(ref, np.where(ref == 0, 0.0, e_c), out_dtype)
 
 
@@ -257,10 +280,14 @@ def softmax_bwd_tolerance(g, y, mask, x, n, numerics: Numerics):
     """The compute error of ``y (g - sum g y)`` (module docstring)."""
     u = _u(numerics)
     d_y = softmax_rel_error(x, mask, numerics)
-    d_max = np.max(np.where(np.asarray(mask, bool), d_y, 0.0), axis=-1, keepdims=True) \
-        if d_y.shape[-1] else d_y
-    m = y * (np.abs(g) + np.sum(np.abs(g) * y, axis=-1, keepdims=True))
-    return m * (d_y + d_max + gamma(n, u) + 3 * u)
+    gy = np.abs(g) * y
+    a = np.abs(g) + np.sum(gy, axis=-1, keepdims=True)
+    # the sum's error: each term off by its own d_y (weighted, not the row's worst: a
+    # far-below-max logit has a large d_y and a negligible y)
+    p_err = np.sum(gy * d_y, axis=-1, keepdims=True)
+    tiny = underflow_error(compute_dtype(numerics))
+    # a y that underflows (subnormal or flushed) is off by up to tiny: times |g - P| <= a
+    return y * (a * (d_y + gamma(n, u) + 3 * u) + p_err) + 2 * tiny * a + tiny
 
 
 def sigmoid_bwd_tolerance(g, s, mask, normalised: bool, k, numerics: Numerics):
@@ -274,7 +301,8 @@ def sigmoid_bwd_tolerance(g, s, mask, normalised: bool, k, numerics: Numerics):
     else:
         m_d, rho = np.abs(g) * mask, u
     e = m_d * s * (1 - s) * (rho + d_s + 2 * u) + m_d * s * (s * d_s + u * (1 - s))
-    return e * (1 + rho + d_s) + 3 * underflow_error(compute_dtype(numerics))
+    tiny = underflow_error(compute_dtype(numerics))
+    return e * (1 + rho + d_s) + 3 * tiny * (1 + m_d)
 
 
 def judge(got, want, tol, out_dtype) -> Metrics:
@@ -286,10 +314,6 @@ def pair_of(check):
     def pair(out_x, out_y, num_x, num_y) -> Metrics:
         return combine_pair(check(out_x, num_x), check(out_y, num_y))
     return pair
-
-
-def f64(t) -> np.ndarray:
-    return to_f64(t)
 
 
 def unit_error(numerics: Numerics) -> float:
