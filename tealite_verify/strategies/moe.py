@@ -17,15 +17,6 @@ from tealite_verify.strategies.values import distributions, seeds
 # How a split is drawn; each is a shape that breaks grouped kernels.
 SPLIT_KINDS = ("zeros", "primes", "one_group", "many_small", "uniform")
 
-# ---- router (tealite_verify/specs/router.py) --------------------------------------------
-
-# (max tokens, max experts) per size: ci keeps interpreted Triton cases tiny (one program per
-# token block, the whole expert row in registers); large is TE's (16384 x 256) regime in rows.
-ROUTER_LIMITS = {"ci": (24, 32), "local": (512, 128), "large": (4096, 256)}
-# The score kinds a case names (case key "kind", a coverage layout axis): TE's softmax after
-# the top-k, softmax before it, and sigmoid.
-ROUTER_KINDS = ("softmax", "softmax_pre", "sigmoid")
-_EXPERTS = (1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 64, 128, 160, 256)
 _BOOL = st.booleans()
 
 
@@ -82,6 +73,17 @@ def grouped_gemm_dims(size: str = "ci") -> st.SearchStrategy[tuple[list[int], in
     M is NT's output rows, K the split-M contraction; N (and K) often off the 16-grid."""
     total, max_mn, max_k = GROUPED_GEMM_LIMITS[size]
     return st.tuples(m_splits(total, 8), dim(max_mn), dim(max_mn), dim(max_k))
+
+
+# ---- router (tealite_verify/specs/router.py) --------------------------------------------
+
+# (max tokens, max experts) per size: ci keeps interpreted Triton cases tiny (one program per
+# token block, the whole expert row in registers); large is TE's (16384 x 256) regime in rows.
+ROUTER_LIMITS = {"ci": (24, 32), "local": (512, 128), "large": (4096, 256)}
+# The score kinds a case names (case key "kind", a coverage layout axis): TE's softmax after
+# the top-k, softmax before it, and sigmoid.
+ROUTER_KINDS = ("softmax", "softmax_pre", "sigmoid")
+_EXPERTS = (1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 64, 128, 160, 256)
 
 
 @functools.lru_cache(maxsize=None)
