@@ -72,6 +72,17 @@ class Op(str, enum.Enum):
     MOE_SORT_CHUNKS = "moe_sort_chunks"
     MOE_PAD_ROWS = "moe_pad_rows"
     MOE_UNPAD_ROWS = "moe_unpad_rows"
+    # Training utilities (issue 17; shared types: tealite/training_types.py).
+    MULTI_TENSOR_SCALE = "multi_tensor_scale"
+    MULTI_TENSOR_L2NORM = "multi_tensor_l2norm"
+    MULTI_TENSOR_UNSCALE_L2NORM = "multi_tensor_unscale_l2norm"
+    MULTI_TENSOR_ADAM = "multi_tensor_adam"
+    MULTI_TENSOR_SGD = "multi_tensor_sgd"
+    MULTI_TENSOR_COMPUTE_SCALE = "multi_tensor_compute_scale"
+    DELAYED_SCALING_UPDATE_BULK = "delayed_scaling_update_bulk"
+    DROPOUT_FWD = "dropout_fwd"
+    DROPOUT_BWD = "dropout_bwd"
+    TRANSPOSE = "transpose"
     # The expert FFN forward with the routing folded in (fc1 -> gated act -> fc2 -> weighted
     # sum of a token's k rows): the op AITER's fused MoE kernels implement.
     MOE_FFN_FWD = "moe_ffn_fwd"
