@@ -19,7 +19,9 @@ metrics (triton vs reference / torch) differ between CPUs while every verdict st
 The committed baseline was recorded on the CI machine kind (2-core AMD EPYC) at f17e4e1, the
 commit before issue 14's refactor began (683 cases), and re-recorded after issue 15 merged the
 attention family (932 cases: the 683 unchanged, checked first, plus softmax, attention and
-RoPE on every CPU backend).
+RoPE on every CPU backend), then extended after issue 16 merged the MoE family (1529 cases: the
+932 kept as they were, plus the drawn and smoke cases of the 17 MoE ops and the composed
+``moe_layer`` check from a fresh record, re-checked unchanged before committing).
 """
 from __future__ import annotations
 
