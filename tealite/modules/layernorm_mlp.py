@@ -177,6 +177,13 @@ def _check_recipe(recipe) -> None:
             f"{[t.__name__ for t in MODULE_RECIPES]}, got {type(recipe).__name__}")
 
 
+def _check_mx_dims(tokens: int, dims: dict) -> None:
+    """MX blocks of 32 run along K of every GEMM: fprop's features, wgrad's tokens."""
+    for name, size in {"tokens (x's leading dims)": tokens, **dims}.items():
+        require(size % 32 == 0, f"{name} must be a multiple of 32 under an MX recipe "
+                                f"(its blocks of 32 run along every GEMM's K), got {size}")
+
+
 class _LayerNormBase(torch.nn.Module):
     def __init__(self, hidden_size: int, *, eps: float, normalization: str,
                  zero_centered_gamma: bool, return_layernorm_output: bool, recipe,
@@ -218,6 +225,8 @@ class _LayerNormBase(torch.nn.Module):
                 f"{tuple(x.shape)}")
         require(x.dtype == self.layer_norm_weight.dtype,
                 f"x dtype {x.dtype} must equal the module's {self.layer_norm_weight.dtype}")
+        if isinstance(self.recipe, R.MXBlockScaling):
+            _check_mx_dims(x.numel() // self.hidden_size, self._gemm_dims())
         cfg = _Config(self.normalization, self.eps, self.zero_centered_gamma, activation,
                       self.recipe, self.backends)
         scales = {n: getattr(self, f"fp8_scale_{n}") for n in CASTS}
@@ -248,6 +257,9 @@ class LayerNormLinear(_LayerNormBase):
         self.weight, self.bias = self._linear_params(out_features, in_features, bias,
                                                      dict(dtype=dtype, device=device))
 
+    def _gemm_dims(self) -> dict:
+        return {"in_features": self.hidden_size, "out_features": self.weight.shape[0]}
+
     def forward(self, x):
         return self._run(x, self.weight, self.bias, None, None, None)
 
@@ -277,6 +289,10 @@ class LayerNormMLP(_LayerNormBase):
         self.fc1_weight, self.fc1_bias = self._linear_params(fc1_out, hidden_size, bias, kw)
         self.fc2_weight, self.fc2_bias = self._linear_params(hidden_size, ffn_hidden_size,
                                                              bias, kw)
+
+    def _gemm_dims(self) -> dict:
+        return {"hidden_size": self.hidden_size, "fc1 outputs": self.fc1_weight.shape[0],
+                "ffn_hidden_size": self.fc2_weight.shape[1]}
 
     def forward(self, x):
         return self._run(x, self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias,
