@@ -6,7 +6,8 @@ the propagated bound (tiers/modules.py, the derivation).
 :class:`ModuleCase` describes one case; :func:`make_module` / :func:`make_inputs` build it,
 :func:`run_module` runs it and :func:`check_module` judges its outputs.  Delayed scaling's
 scales are set from the amaxes of an unquantized float64 pass (a history that saw this step),
-rounded down to a power of two, as a recipe's margin would leave them.
+rounded down to a power of two, as a recipe's margin would leave them; they travel with the
+inputs (``scales``) as the parameters do.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import tealite.recipes as R
 from tealite.modules import LayerNormLinear, LayerNormMLP, ModuleBackends
 from tealite.modules.layernorm_mlp import CASTS
+from tealite.types import GATED
 from tealite_verify.references import modules as ref
 from tealite_verify.tiers import bounded
 from tealite_verify.tiers.metrics import Metrics, Tier
@@ -63,42 +65,61 @@ class ModuleCase:
         return self.module == "mlp"
 
 
-def make_module(case: ModuleCase, backends: ModuleBackends, device: str = "cpu"):
-    """The module with seeded parameters (gamma and biases drawn, not the init values)."""
+def make_inputs(case: ModuleCase, device: str = "cpu") -> dict:
+    """x, dy (and dz_out with return_layernorm_output) and the module's parameters (gamma,
+    beta, w1, b1, w2, b2: weights scaled by 1/sqrt(fan-in), gamma around 1, or 0 when
+    zero-centred), all in the case's dtype; under delayed scaling also ``scales`` (float32,
+    one per CASTS entry)."""
+    g = torch.Generator().manual_seed(case.seed)
+    dt, t, h, f = case.torch_dtype, case.tokens, case.hidden, case.ffn
+    fc1_out = 2 * f if case.mlp and case.activation in GATED else f
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+    out = {"x": rnd(t, h, scale=2.0) + 0.5, "dy": rnd(t, h if case.mlp else f),
+           "gamma": rnd(h, scale=0.5) + (0.0 if case.zero_centered_gamma else 1.0),
+           "w1": rnd(fc1_out, h, scale=h ** -0.5)}
+    if case.return_layernorm_output:
+        out["dz_out"] = rnd(t, h)
+    if case.normalization == "LayerNorm":
+        out["beta"] = rnd(h, scale=0.5)
+    if case.bias:
+        out["b1"] = rnd(fc1_out, scale=0.5)
+    if case.mlp:
+        out["w2"] = rnd(h, f, scale=f ** -0.5)
+        if case.bias:
+            out["b2"] = rnd(h, scale=0.5)
+    out = {k: v.to(dt) for k, v in out.items()}
+    if case.recipe == "delayed":
+        out["scales"] = _delayed_scales(case, {k: to_f64(v) for k, v in out.items()})
+    return {k: v.to(device) for k, v in out.items()}
+
+
+_PARAMS = {"linear": {"w1": "weight", "b1": "bias"},
+           "mlp": {"w1": "fc1_weight", "b1": "fc1_bias", "w2": "fc2_weight", "b2": "fc2_bias"}}
+
+
+def make_module(case: ModuleCase, inputs: dict, backends: ModuleBackends):
+    """The module holding ``inputs``' parameters (and delayed scaling's scales)."""
     kw = dict(normalization=case.normalization, zero_centered_gamma=case.zero_centered_gamma,
               return_layernorm_output=case.return_layernorm_output, bias=case.bias,
               recipe=RECIPES[case.recipe], backends=backends, dtype=case.torch_dtype,
-              device=device, eps=case.eps)
+              device=inputs["x"].device, eps=case.eps)
     if case.mlp:
         mod = LayerNormMLP(case.hidden, case.ffn, activation=case.activation, **kw)
     else:
         mod = LayerNormLinear(case.hidden, case.ffn, **kw)
-    g = torch.Generator().manual_seed(case.seed + 1)
     with torch.no_grad():
-        for p in mod.parameters():
-            fan_in = p.shape[1] if p.dim() == 2 else 4.0
-            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
-        if not case.zero_centered_gamma:
-            mod.layer_norm_weight.add_(1.0)
+        mod.layer_norm_weight.copy_(inputs["gamma"])
+        if mod.layer_norm_bias is not None:
+            mod.layer_norm_bias.copy_(inputs["beta"])
+        for name, attr in _PARAMS[case.module].items():
+            if getattr(mod, attr) is not None:
+                getattr(mod, attr).copy_(inputs[name])
+        if "scales" in inputs:
+            for i, name in enumerate(CASTS):
+                getattr(mod, f"fp8_scale_{name}").copy_(inputs["scales"][i:i + 1])
     return mod
-
-
-def make_inputs(case: ModuleCase, device: str = "cpu") -> dict:
-    g = torch.Generator().manual_seed(case.seed)
-    dt = case.torch_dtype
-    out = {"x": (torch.randn(case.tokens, case.hidden, generator=g) * 2 + 0.5).to(dt),
-           "dy": torch.randn(case.tokens, case.hidden if case.mlp else case.ffn,
-                             generator=g).to(dt)}
-    if case.return_layernorm_output:
-        out["dz_out"] = torch.randn(case.tokens, case.hidden, generator=g).to(dt)
-    return {k: v.to(device) for k, v in out.items()}
-
-
-def _params(mod) -> dict:
-    if isinstance(mod, LayerNormMLP):
-        return {"w1": mod.fc1_weight, "b1": mod.fc1_bias, "w2": mod.fc2_weight,
-                "b2": mod.fc2_bias}
-    return {"w1": mod.weight, "b1": mod.bias}
 
 
 def run_module(mod, inputs: dict) -> dict:
@@ -115,23 +136,14 @@ def run_module(mod, inputs: dict) -> dict:
         out["z"] = z.detach()
     if mod.layer_norm_bias is not None:
         out["dbeta"] = mod.layer_norm_bias.grad
-    for name, p in _params(mod).items():
-        if p is not None:
-            out["d" + name] = p.grad
+    for name, attr in _PARAMS["mlp" if isinstance(mod, LayerNormMLP) else "linear"].items():
+        if getattr(mod, attr) is not None:
+            out["d" + name] = getattr(mod, attr).grad
     return out
 
 
-def _f64_inputs(mod, inputs: dict) -> dict:
-    f = {k: to_f64(v) for k, v in inputs.items()}
-    f["gamma"] = to_f64(mod.layer_norm_weight)
-    f["beta"] = None if mod.layer_norm_bias is None else to_f64(mod.layer_norm_bias)
-    for name, p in _params(mod).items():
-        f[name] = None if p is None else to_f64(p)
-    return f
-
-
 def _reference(case: ModuleCase, f: dict, steps: dict) -> dict:
-    return ref.layer(f["x"], f["gamma"], f["beta"], f["w1"], f.get("b1"), f.get("w2"),
+    return ref.layer(f["x"], f["gamma"], f.get("beta"), f["w1"], f.get("b1"), f.get("w2"),
                      f.get("b2"), f["dy"], normalization=case.normalization, eps=case.eps,
                      zero_centered_gamma=case.zero_centered_gamma,
                      activation=case.activation if case.mlp else None, steps=steps,
@@ -142,34 +154,33 @@ _SOURCES = {"input1": "z", "weight1": "w1", "grad1": "dh", "input2": "a", "weigh
             "grad2": "dy"}
 
 
-def quant_steps(mod, case: ModuleCase, inputs: dict) -> dict:
-    """Each cast's reference QuantStep; for delayed scaling, sets the module's scales first
-    (2^floor(log2(fmax / amax)) of the unquantized float64 pass)."""
-    recipe = RECIPES[case.recipe]
-    if recipe is None:
-        return {}
-    if recipe.kind == "mx":
-        return {n: ref.QuantStep("mx", recipe.fmt) for n in CASTS}
-    if recipe.kind == "current":
-        return {n: ref.QuantStep("current", recipe.fmt) for n in CASTS}
-    f = _f64_inputs(mod, inputs)
+def _delayed_scales(case: ModuleCase, f: dict) -> torch.Tensor:
+    """2^floor(log2(fmax / amax)) of each cast's tensor in an unquantized float64 pass."""
     plain = _reference(case, f, {})
     plain.update(w1=f["w1"], w2=f.get("w2"), dy=f["dy"])
-    fmax = ref.rq.fmt_max(recipe.fmt)
-    steps = {}
+    fmax = ref.rq.fmt_max(RECIPES["delayed"].fmt)
+    scales = []
     for name in CASTS:
         src = plain.get(_SOURCES[name])
         amax = 1.0 if src is None or not np.abs(src).max() else float(np.abs(src).max())
-        scale = 2.0 ** math.floor(math.log2(fmax / amax))
-        getattr(mod, f"fp8_scale_{name}").fill_(scale)
-        steps[name] = ref.QuantStep("delayed", recipe.fmt, scale=scale)
-    return steps
+        scales.append(2.0 ** math.floor(math.log2(fmax / amax)))
+    return torch.tensor(scales, dtype=torch.float32)
 
 
-def expected(mod, case: ModuleCase, inputs: dict, steps: dict,
-             numerics: ModuleNumerics | None = None) -> tuple[dict, dict]:
-    """(the reference's outputs, their bounds) by output name."""
-    f = _f64_inputs(mod, inputs)
+def quant_steps(case: ModuleCase, f: dict) -> dict:
+    """Each cast's reference QuantStep (``f``: the float64 inputs)."""
+    recipe = RECIPES[case.recipe]
+    if recipe is None:
+        return {}
+    if recipe.kind == "delayed":
+        return {n: ref.QuantStep("delayed", recipe.fmt, scale=float(f["scales"][i]))
+                for i, n in enumerate(CASTS)}
+    return {n: ref.QuantStep(recipe.kind, recipe.fmt) for n in CASTS}
+
+
+def expected(case: ModuleCase, f: dict, numerics: ModuleNumerics | None = None):
+    """(the reference's outputs, their bounds) by output name; ``f``: float64 inputs."""
+    steps = quant_steps(case, f)
     r = _reference(case, f, steps)
     num = numerics or ModuleNumerics(case.torch_dtype)
     tol = bounds(r, f, normalization=case.normalization, eps=case.eps,
@@ -178,17 +189,16 @@ def expected(mod, case: ModuleCase, inputs: dict, steps: dict,
     return r, tol
 
 
-def check_module(outputs: dict, mod, case: ModuleCase, inputs: dict, steps: dict,
+def check_module(outputs: dict, case: ModuleCase, inputs: dict,
                  numerics: ModuleNumerics | None = None) -> dict[str, Metrics]:
     """Each output's Metrics under the propagated bound (tier ``module-chain``)."""
-    r, tol = expected(mod, case, inputs, steps, numerics)
+    r, tol = expected(case, {k: to_f64(v) for k, v in inputs.items()}, numerics)
     return {name: bounded.judge(got, r[name], tol[name], case.torch_dtype, Tier.MODULE_CHAIN)
             for name, got in outputs.items()}
 
 
 def run_and_check(case: ModuleCase, backends: ModuleBackends,
                   numerics: ModuleNumerics | None = None) -> dict[str, Metrics]:
-    mod = make_module(case, backends)
     inputs = make_inputs(case)
-    steps = quant_steps(mod, case, inputs)
-    return check_module(run_module(mod, inputs), mod, case, inputs, steps, numerics)
+    outputs = run_module(make_module(case, inputs, backends), inputs)
+    return check_module(outputs, case, inputs, numerics)
