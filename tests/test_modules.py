@@ -147,3 +147,20 @@ def test_leading_dims_and_return_layernorm_output():
     assert y.shape == x.shape and z.shape == x.shape
     (y.sum() + z.sum()).backward()
     assert x.grad.shape == x.shape and mod.fc1_weight.grad.shape == (16, 16)
+
+
+def test_the_benchmark_records_every_sub_op_of_a_step():
+    """benchmarks/test_bench_modules.py times each recorded sub-op alone: the recorder must see
+    the whole step (fp8: 6 quantizes, 6 qgemms; norm and activation forward and backward)."""
+    import tealite.recipes as R
+    from benchmarks.test_bench_modules import recorded_sub_ops, step_flops
+    mod = LayerNormMLP(32, 32, recipe=R.Float8CurrentScaling())
+    x = torch.randn(32, 32, requires_grad=True)
+    calls: list = []
+    with recorded_sub_ops(calls):
+        mod(x).sum().backward()
+    names = [c[0] for c in calls]
+    assert names.count("quantize") == 6 and names.count("qgemm") == 6
+    assert {"layernorm_fwd", "layernorm_bwd", "act_fwd", "act_bwd"} <= set(names)
+    assert lm.quantize.__name__ == "quantize"  # restored
+    assert step_flops(32, 32, 32, 32) == 6 * 2 * 32 * 32 * 32
