@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from tealite_verify.references import modules as ref
+from tealite_verify.references.activations import POINTWISE
 from tealite_verify.tiers.chain import matmul, rounding, row_sum
 from tealite_verify.tiers.primitives import gamma, unit_roundoff
 
@@ -217,7 +218,6 @@ def _act_bounds(kind: str, h, e_h, a_ref, num: ModuleNumerics):
     e_a = prop + (ex + 4) * u * (m_a + np.abs(h) + e_h) + rounding(m_a, io)
 
     def backward(da, e_da):
-        from tealite_verify.references.activations import POINTWISE
         dact = np.abs(POINTWISE[kind][1](h))
         prop_dh = e_da * (dact + curv * e_h) + curv * np.abs(da) * e_h
         m_dh = np.abs(da) * dact + prop_dh
