@@ -164,3 +164,30 @@ def test_the_benchmark_records_every_sub_op_of_a_step():
     assert {"layernorm_fwd", "layernorm_bwd", "act_fwd", "act_bwd"} <= set(names)
     assert lm.quantize.__name__ == "quantize"  # restored
     assert step_flops(32, 32, 32, 32) == 6 * 2 * 32 * 32 * 32
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed", "mxfp8"])
+def test_the_quantize_step_bound_holds_and_allows_nothing_where_no_rounding_can_move(recipe):
+    """tiers/modules.quantize_bound: a backend quantizing any v̂ within E of v lands within
+    the bound of the reference's Q(v); where [v - E, v + E] holds no rounding boundary the
+    allowance is only the scale's spread, so most elements carry almost none (what catches a
+    skipped quantization)."""
+    import numpy as np
+
+    from tealite_verify.references import modules as rm
+    from tealite_verify.tiers.modules import quantize_bound
+    g = torch.Generator().manual_seed(7)
+    v = torch.randn(32, 64, generator=g, dtype=torch.float64) * 3
+    e = 2.0 ** -12 * v.abs()
+    rec = mc.RECIPES[recipe]
+    step = rm.QuantStep(rec.kind, rec.fmt, scale=64.0 if recipe == "delayed" else None)
+    want = rm.qdq(v.numpy(), step)
+    tol = quantize_bound(v.numpy(), e.numpy(), want, step)
+    scale = {"scale": torch.tensor([64.0])} if recipe == "delayed" else {}
+    for _ in range(3):
+        v_hat = (v + (torch.rand(v.shape, generator=g, dtype=torch.float64) * 2 - 1) * e).float()
+        got = tealite.dequantize(tealite.quantize(v_hat, rec, **scale), out_dtype=torch.float32)
+        assert (np.abs(got.double().numpy() - want) <= tol).all()
+    # current scaling: the backend's amax (hence scale) may differ by E, a relative 2^-12
+    # shift of every value; still far below e4m3's half step (2^-4) nearly everywhere.
+    assert (tol <= 2.0 ** -10 * np.abs(v.numpy())).mean() > 0.9
