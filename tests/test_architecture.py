@@ -118,6 +118,8 @@ _MAY_IMPORT = {
     "registry": {"bottom"},
     "front-end": {"bottom", "registry", "front-end"},
     "backend": {"bottom", "registry", "backend"},
+    # compound modules (tealite/modules/) stand on the front-end ops they compose
+    "module": {"bottom", "registry", "front-end", "module"},
 }
 
 
@@ -125,8 +127,8 @@ def tealite_floor(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "api"
-    return {"registry": "registry", "ops": "front-end", "backends": "backend"}.get(parts[1],
-                                                                                 "bottom")
+    return {"registry": "registry", "ops": "front-end", "backends": "backend",
+            "modules": "module"}.get(parts[1], "bottom")
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:

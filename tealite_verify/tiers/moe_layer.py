@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from tealite_verify.references import moe_layer as ref
+from tealite_verify.tiers.chain import rounding
 from tealite_verify.tiers.primitives import gamma, underflow_error, unit_roundoff
 
 SILU_LIPSCHITZ = 1.1    # max |silu'(x)| = 1.0998 (x ~ 2.4)
@@ -71,8 +72,7 @@ class LayerNumerics:
     merge_in_io_dtype: bool = False
 
 
-def _rnd(mag, dtype) -> np.ndarray:
-    return unit_roundoff(dtype) * mag + underflow_error(dtype)
+_rnd = rounding  # one idiom for a stored intermediate's rounding (tiers/chain.py)
 
 
 def _gemm(e_in, m_in, w_abs, k: int, u: float, out_mag, dtype, grouped):
