@@ -56,6 +56,8 @@ class Tier(str, enum.Enum):
     MALFORMED = "malformed"            # dtype / shape / presence broken: nothing to judge
     MOE_LAYER = "moe-layer"            # composed MoE layer, bound propagated (tiers/moe_layer.py)
     MOE_LAYER_PAIR = "moe-layer-pair"
+    STATISTICAL = "statistical"        # dropout masks, binomial tests (tiers/statistical.py)
+    STATISTICAL_PAIR = "statistical-pair"
 
     # Two labels carry the declared ``fp32_div_ulps`` (tiers/fp32_div.py): "div-<n>ulp" for
     # scale_inv and "recip-<n>ulp" for codes.  They are members made on first use, so that a

@@ -35,7 +35,7 @@ def _kept(idx, p, seed, off_lo, off_hi):
     c0 = (idx & 0xFFFFFFFF).to(tl.uint32)
     c1 = (idx >> 32).to(tl.uint32)
     zero = c0 * 0
-    r, _, _, _ = tl.philox(seed, c0, c1, zero + off_lo, zero + off_hi)
+    r, _, _, _ = tl.philox(seed, c0, c1, zero + off_lo.to(tl.uint32), zero + off_hi.to(tl.uint32))
     return tl.uint_to_uniform_float(r) >= p
 
 
