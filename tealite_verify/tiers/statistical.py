@@ -34,9 +34,11 @@ so P(any rejection | H0) <= sum alpha/m = alpha, whatever the dependence between
 Tails: summed exactly from the pmf, log pmf(x) from ``math.lgamma`` (absolute error about
 1e-16 * lgamma(n + 1) <= 1e-9 for n <= 2^24, i.e. a relative error < 1e-8 in each term),
 successive terms by the ratio recurrence in a cumulative sum, over a window of 40 standard
-deviations + 64 terms from x; the terms beyond the window are each below the last summed one
-(the pmf is unimodal and the window runs away from the mode), so their sum is at most n times
-it, which is added (the tail is over-estimated, never under: no false alarm from truncation).
+deviations + 64 terms from x, for x <= n q (above the mean, 1 minus the other tail: it is then
+>= ~1/2, far from any rejection); the terms beyond the window are each below the last summed
+one (x <= n q <= the mode + 1 - q, and the pmf is unimodal, so the window runs away from the
+mode), so their sum is at most x times it, which is added (the tail is over-estimated, never
+under: no false alarm from truncation).
 scipy is not installed, so nothing else is used.
 
 p = 0 or p = 1 (q0 = 0 or 1): no randomness is allowed; the mask must be all kept / all
@@ -87,6 +89,10 @@ def lower_tail(n: int, x: int, q: float) -> float:
         return 1.0
     if q >= 1.0:
         return 0.0
+    if x > n * q:
+        # Above the mean the tail is >= ~1/2 and the summation below would run towards the
+        # mode: take the complement, whose count n - x - 1 < n (1 - q) is below its mean.
+        return max(0.0, 1.0 - lower_tail(n, n - x - 1, 1.0 - q))
     w = int(_WINDOW_SD * math.sqrt(n * q * (1 - q)) + 64)
     lo = max(0, x - w)
     j = np.arange(x, lo, -1, dtype=np.float64)  # pmf(j - 1) / pmf(j), j = x .. lo + 1
