@@ -15,7 +15,7 @@ first; tealite keeps the fp32 product (one fewer rounding of the scale).
 The mask comes from a counter-based generator keyed by ``seed`` with the stream ``offset``:
 the same (seed, offset) gives the same mask on one backend and device; another offset gives
 an independent mask.  Each backend owns its generator (torch: torch's generator seeded from
-(seed, offset); triton: Philox4x32-10 with counter (element, offset)), so masks differ between
+(seed, offset); triton: Philox4x32-10, counter (element // 4, offset)), so masks differ between
 backends: the harness compares them statistically (tealite_verify/tiers/statistical.py), never
 bit for bit.  An element is kept iff its uniform draw u in [0, 1) satisfies ``u >= p``.
 

@@ -178,7 +178,8 @@ def judge_mask(mask, p: float, *, alpha: float = DEFAULT_ALPHA, row: int | None 
         bad = int((m != want).sum())
         if next_mask is not None:
             bad += int((_flat(next_mask) != want).sum())
-        note = None if not bad else f"p = {p}: every element must be {'kept' if want else 'dropped'}"
+        what = "kept" if want else "dropped"
+        note = None if not bad else f"p = {p}: every element must be {what}"
         return Metrics(tier, m.size, bad, float(bad), math.inf if bad else 0.0, note=note)
     tests = mask_tests(m, p, row=row, next_mask=next_mask)
     per_test = alpha / len(tests)

@@ -1,16 +1,20 @@
 """Dropout in Triton, the mask generated in the kernel and fused with the scaling.
 
 Generator: Philox4x32-10 (``tl.philox``) keyed by the 64-bit seed, with the counter
-(element index low word, high word, offset low word, high word); its first output becomes a
-uniform in [0, 1) through ``tl.uint_to_uniform_float`` (a 31-bit integer times an fp32 scale,
-rounded).  Putting the offset in counter words of its own (rather than adding it to the
-element index, as ``tl.rand(seed, offset + idx)`` would) makes another offset an independent
-stream instead of the same stream shifted by a few elements.
+(q low word, q high word, offset low word, offset high word) for q = element // 4; its four
+outputs serve the four elements 4 q .. 4 q + 3 (one Philox evaluation per four elements: the
+ten rounds are the kernel's arithmetic, and a bandwidth-bound kernel cannot afford one per
+element), each becoming a uniform in [0, 1) through ``tl.uint_to_uniform_float`` (a 31-bit
+integer times an fp32 scale, rounded).  Putting the offset in counter words of its own
+(rather than adding it to the element index, as ``tl.rand(seed, offset + idx)`` would) makes
+another offset an independent stream instead of the same stream shifted by a few elements.
 
-Forward: one program per BLOCK elements loads x, draws, writes y = where(u >= p, fl32(x) *
-scale, 0) in x's dtype and the kept mask as bytes (the host views them as bool).  Backward
-reads the mask, never regenerates it.  bf16 travels as int16 bits through ``_io`` (the
-interpreter's bf16 conversions are wrong), so the bits are the same on every target.
+Forward: one program per BLOCK elements (a (BLOCK / 4, 4) tile) loads x, draws, writes
+y = where(u >= p, fl32(x) * scale, 0) in x's dtype and the kept mask as bytes (the host views
+them as bool).  Backward reads the mask, never regenerates it.  bf16 travels as int16 bits
+through ``_io`` (the interpreter's bf16 conversions are wrong), so the bits are the same on
+every target.  Not yet run on a GPU (no device time in this change): the benchmark
+(benchmarks/test_bench_dropout.py) has its 80 %-of-copy target to meet there.
 """
 from __future__ import annotations
 
@@ -31,20 +35,32 @@ _M32 = (1 << 32) - 1
 
 
 @triton.jit
-def _kept(idx, p, seed, off_lo, off_hi):
-    c0 = (idx & 0xFFFFFFFF).to(tl.uint32)
-    c1 = (idx >> 32).to(tl.uint32)
+def _tile(pid, BLOCK: tl.constexpr):
+    """The program's Philox counters (BLOCK // 4,) and its elements (BLOCK // 4, 4): element
+    4 q + j takes output j of counter q."""
+    q = pid.to(tl.int64) * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
+    return q, q[:, None] * 4 + tl.arange(0, 4)[None, :]
+
+
+@triton.jit
+def _kept(q, p, seed, off_lo, off_hi):
+    c0 = (q & 0xFFFFFFFF).to(tl.uint32)
+    c1 = (q >> 32).to(tl.uint32)
     zero = c0 * 0
-    r, _, _, _ = tl.philox(seed, c0, c1, zero + off_lo.to(tl.uint32), zero + off_hi.to(tl.uint32))
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero + off_lo.to(tl.uint32),
+                               zero + off_hi.to(tl.uint32))
+    j = tl.arange(0, 4)[None, :]
+    r = tl.where(j == 0, r0[:, None], tl.where(j == 1, r1[:, None],
+                                               tl.where(j == 2, r2[:, None], r3[:, None])))
     return tl.uint_to_uniform_float(r) >= p
 
 
 @triton.jit
 def _fwd_kernel(x_ptr, y_ptr, keep_ptr, n, p, scale, seed, off_lo, off_hi,
                 IS_BF16: tl.constexpr, BLOCK: tl.constexpr):
-    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    q, idx = _tile(tl.program_id(0), BLOCK)
     inb = idx < n
-    keep = _kept(idx, p, seed, off_lo, off_hi)
+    keep = _kept(q, p, seed, off_lo, off_hi)
     x = load_f32(x_ptr, idx, inb, IS_BF16)
     store_f32(y_ptr, idx, tl.where(keep, x * scale, 0.0), inb, IS_BF16)
     tl.store(keep_ptr + idx, keep.to(tl.uint8), mask=inb)
@@ -53,7 +69,7 @@ def _fwd_kernel(x_ptr, y_ptr, keep_ptr, n, p, scale, seed, off_lo, off_hi,
 @triton.jit
 def _bwd_kernel(dy_ptr, keep_ptr, dx_ptr, n, scale, IS_BF16: tl.constexpr,
                 BLOCK: tl.constexpr):
-    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    _, idx = _tile(tl.program_id(0), BLOCK)
     inb = idx < n
     keep = tl.load(keep_ptr + idx, mask=inb, other=0) != 0
     dy = load_f32(dy_ptr, idx, inb, IS_BF16)
