@@ -13,8 +13,10 @@ Forward: one program per BLOCK elements (a (BLOCK / 4, 4) tile) loads x, draws, 
 y = where(u >= p, fl32(x) * scale, 0) in x's dtype and the kept mask as bytes (the host views
 them as bool).  Backward reads the mask, never regenerates it.  bf16 travels as int16 bits
 through ``_io`` (the interpreter's bf16 conversions are wrong), so the bits are the same on
-every target.  Not yet run on a GPU (no device time in this change): the benchmark
-(benchmarks/test_bench_dropout.py) has its 80 %-of-copy target to meet there.
+every target.  No add follows the multiply, so FP fusion cannot contract it into an FMA.
+The kernels cross-compile for sm_90 and gfx942 with triton 3.9 but have not yet run on a GPU
+(no device time in this change): benchmarks/test_bench_dropout.py has its 80 %-of-copy
+target to meet there.
 """
 from __future__ import annotations
 
