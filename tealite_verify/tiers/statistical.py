@@ -24,6 +24,9 @@ Tests (each a count that is exactly binomial under H0):
    element: agreements ~ Bin(n, q^2 + (1-q)^2) (a generator that ignores the offset, or
    treats it as a shift of one stream, agrees everywhere).
 
+The agreement probability a(q) = q^2 + (1-q)^2 has |a'(q)| = |4q - 2| <= 2, so its composite
+null gets twice the slack, 2 eps.  Pairs are disjoint, so their agreements are independent.
+
 p-values: two-sided by doubling the smaller tail, P = min(1, 2 min(P(X <= x), P(X >= x))),
 with each tail taken at the q in [q0 - eps, q0 + eps] that makes it largest (the composite
 null).  Under H0, P(P <= a) <= a for every a (each tail is a valid p-value and a union bound
@@ -32,13 +35,13 @@ is split equally over the m tests of the case (Bonferroni): test i rejects iff P
 so P(any rejection | H0) <= sum alpha/m = alpha, whatever the dependence between tests.
 
 Tails: summed exactly from the pmf, log pmf(x) from ``math.lgamma`` (absolute error about
-1e-16 * lgamma(n + 1) <= 1e-9 for n <= 2^24, i.e. a relative error < 1e-8 in each term),
+2.2e-16 * lgamma(n + 1) <= 6e-8 for n <= 2^24, i.e. a relative error < 1e-7 in each term),
 successive terms by the ratio recurrence in a cumulative sum, over a window of 40 standard
 deviations + 64 terms from x, for x <= n q (above the mean, 1 minus the other tail: it is then
 >= ~1/2, far from any rejection); the terms beyond the window are each below the last summed
-one (x <= n q <= the mode + 1 - q, and the pmf is unimodal, so the window runs away from the
-mode), so their sum is at most x times it, which is added (the tail is over-estimated, never
-under: no false alarm from truncation).
+one (x <= floor(n q) <= floor((n + 1) q), the mode, and the pmf is unimodal, so the window
+runs away from the mode), so their sum is at most x times it, which is added (the tail is
+over-estimated, never under: no false alarm from truncation).
 scipy is not installed, so nothing else is used.
 
 p = 0 or p = 1 (q0 = 0 or 1): no randomness is allowed; the mask must be all kept / all
@@ -127,9 +130,10 @@ class Test:
     n: int
     x: int
     q: float
+    slack: float = Q_SLACK  # the composite null's half-width around q (module docstring)
 
     def p_value(self) -> float:
-        return two_sided_p(self.n, self.x, self.q)
+        return two_sided_p(self.n, self.x, self.q, self.slack)
 
 
 def _flat(mask) -> np.ndarray:
@@ -160,12 +164,13 @@ def mask_tests(mask, p: float, *, row: int | None = None, next_mask=None) -> lis
         i = _disjoint_pairs(n, d)
         if i.size:
             tests.append(Test(f"agreement at lag {d}", i.size, int((m[i] == m[i + d]).sum()),
-                              agree))
+                              agree, 2 * Q_SLACK))
     if next_mask is not None:
         m2 = _flat(next_mask)
-        tests.append(Test("agreement with offset + 1", n, int((m == m2).sum()), agree))
+        tests.append(Test("agreement with offset + 1", n, int((m == m2).sum()), agree,
+                          2 * Q_SLACK))
         tests.append(Test("agreement with offset + 1 shifted by one", n - 1,
-                          int((m[1:] == m2[:-1]).sum()), agree))
+                          int((m[1:] == m2[:-1]).sum()), agree, 2 * Q_SLACK))
     return tests
 
 
