@@ -25,7 +25,12 @@ TARGETS = {
     "router": ("copy", 50.0),    # issue 16
     "grouped_gemm": ("dense GEMM, same FLOPs", 85.0),  # issue 16: bf16 and FP8 block
     "permute": ("copy", 70.0),   # issue 16: moe_permute / moe_unpermute
+    "dropout": ("copy", 80.0),   # issue 17: dropout forward / backward
 }
+
+# Dropout input (tokens, hidden), bf16: 16k tokens of 8192 (an MLP activation); tiny: a prime
+# tail the interpreter runs in a second.
+DROPOUT_SHAPES = {"large": (16384, 8192), "tiny": (7, 130)}
 
 # Router logits (tokens, experts): TE's MoE regime (issue 16), and a tiny one for the smoke run.
 ROUTER_SHAPES = {"large": (16384, 256), "tiny": (8, 64)}
@@ -152,6 +157,12 @@ def router_bytes(tokens: int, experts: int, itemsize: int, *, bwd: bool = False)
     grad_probs, logits and the map read, grad_logits written."""
     n = tokens * experts
     return (3 * itemsize + 1) * n if bwd else (2 * itemsize + 1) * n
+
+
+def dropout_bytes(numel: int, itemsize: int) -> int:
+    """Forward: x read, y and the bool kept mask written; backward: dy and the mask read, dx
+    written.  The same count both ways: two tensors of the dtype and one byte per element."""
+    return (2 * itemsize + 1) * numel
 
 
 def permute_bytes(x, routing, out, rows) -> int:

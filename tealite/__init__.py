@@ -3,6 +3,7 @@ ROCm/AITER, Triton, torch._scaled_mm and PyTorch, behind one functional op API."
 from tealite.errors import BackendUnavailable, TealiteArgumentError, UnsupportedCase
 from tealite.ops.attention import AttentionBwd, AttentionFwd, attention_bwd, attention_fwd
 from tealite.ops.activations import DbiasDact, act_bwd, act_fwd, dbias_dact
+from tealite.ops.dropout import DropoutFwd, dropout_bwd, dropout_fwd
 from tealite.ops.fused import act_fwd_quantize, layernorm_fwd_quantize, rmsnorm_fwd_quantize
 from tealite.ops.gemm import GemmOutput, gemm
 from tealite.ops.grouped_gemm import grouped_gemm, grouped_qgemm
@@ -45,4 +46,5 @@ __all__ = [
     "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
     "moe_aux_loss_fwd", "moe_aux_loss_bwd",
     "LayerNormLinear", "LayerNormMLP", "ModuleBackends",
+    "dropout_fwd", "dropout_bwd", "DropoutFwd",
 ]

@@ -104,6 +104,17 @@ def test_permute_bytes_match_the_op():
         p.out.nbytes + 14 * 4 + x.nbytes + probs.nbytes
 
 
+@pytest.mark.parametrize("bwd", [False, True])
+def test_dropout_bytes_match_the_op(bwd):
+    x = torch.randn(7, 24).bfloat16()
+    y, mask = tealite.dropout_fwd(x, 0.1, seed=1, backend="torch")
+    actual = x.nbytes + y.nbytes + mask.nbytes
+    if bwd:
+        dx = tealite.dropout_bwd(x, mask, 0.1, backend="torch")
+        actual = x.nbytes + mask.nbytes + dx.nbytes
+    assert C.dropout_bytes(x.numel(), 2) == actual
+
+
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 def test_norm_bytes_match_the_op(kind):
     x, g, b = torch.randn(7, 96).bfloat16(), torch.randn(96).bfloat16(), torch.randn(96).bfloat16()
@@ -138,7 +149,8 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
                  "test_router[fwd-softmax-torch]", "test_router[bwd-sigmoid-groups-torch]",
                  "test_grouped_gemm[uniform-torch]", "test_grouped_gemm[skewed-torch]",
                  "test_grouped_quantize[torch-fp8-block1x128-ct-dbias-skewed]",
-                 "test_permute[index-torch]", "test_unpermute[probs-torch]"):
+                 "test_permute[index-torch]", "test_unpermute[probs-torch]",
+                 "test_dropout[fwd-torch]", "test_dropout[bwd-torch]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     # GPU-only rows: skipped on the CPU with their reason (benchmarks/test_bench_modules.py).

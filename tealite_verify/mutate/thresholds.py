@@ -150,6 +150,7 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "moe_ffn_fwd": (lambda r, k: move_tensor(r, k), "y"),
     # Group 0's codes (a case whose group 0 is empty or columnwise only does not count).
     "grouped_quantize": (lambda r, k: (_move_codes(r.tensors[0], k), r)[1], "g0.data"),
+    "dropout_fwd": _at(0, "y"), "dropout_bwd": (lambda r, k: move_tensor(r, k), "dx"),
 }
 
 

@@ -58,6 +58,8 @@ class Tier(str, enum.Enum):
     MOE_LAYER_PAIR = "moe-layer-pair"
     MODULE_CHAIN = "module-chain"      # LayerNormLinear / MLP, bound propagated (tiers/modules.py)
     MODULE_CHAIN_PAIR = "module-chain-pair"
+    STATISTICAL = "statistical"        # dropout masks, binomial tests (tiers/statistical.py)
+    STATISTICAL_PAIR = "statistical-pair"
 
     # Two labels carry the declared ``fp32_div_ulps`` (tiers/fp32_div.py): "div-<n>ulp" for
     # scale_inv and "recip-<n>ulp" for codes.  They are members made on first use, so that a
