@@ -374,3 +374,21 @@ def test_exact_metrics_report_the_value_error_and_the_bit_distance_apart():
     assert m.max_bit_distance == 0x3C28C155 and "max bit distance=1009303893" in m.summary()
     ok = compare_exact(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]))
     assert ok.passed and ok.max_abs_err == 0.0 and ok.max_bit_distance == 0
+
+
+def test_exact_reads_torch_and_numpy_bit_patterns_alike():
+    """A torch bf16 tensor and the same values as an ml_dtypes bf16 array are bit for bit
+    equal, negatives included (the torch side was read as signed ints, numpy as unsigned);
+    one flipped bit is still caught."""
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    from tealite_verify.tiers.exact import compare_exact
+    t = torch.tensor([-1.5, -0.0, 0.0, 2.0, -3.0e-3], dtype=torch.bfloat16)
+    a = t.float().numpy().astype(ml_dtypes.bfloat16)
+    assert compare_exact(t, a).passed and compare_exact(a, t).passed
+    bumped = a.copy()
+    bumped.view(np.uint16)[0] ^= 1
+    m = compare_exact(t, bumped)
+    assert not m.passed and m.max_bit_distance == 1

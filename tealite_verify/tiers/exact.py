@@ -21,7 +21,10 @@ def _bits(t) -> np.ndarray:
         t = t.detach().cpu().contiguous()
         width = t.element_size()
         int_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
-        return t.view(int_dtype).numpy().astype(np.int64)
+        # Unsigned, as the numpy branch below: a torch tensor compared with a numpy array of
+        # the same element type (bf16 vs ml_dtypes bf16) must give the same bit patterns;
+        # signed int16 views made every negative value a mismatch.
+        return t.view(int_dtype).numpy().view(f"u{width}").astype(np.int64)
     arr = np.ascontiguousarray(t)
     return arr.view(f"u{arr.dtype.itemsize}").astype(np.int64)
 
