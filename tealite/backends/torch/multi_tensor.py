@@ -33,7 +33,7 @@ def multi_tensor_scale(tensors, scale, *, out_dtype, noop_flag):
         outs.append((x.float() * _f32(scale, x.device)).to(out_dtype))
         if any_nonfinite(x):
             noop_flag.fill_(1)
-    return outs
+    return tuple(outs)
 
 
 def sumsq(x32: torch.Tensor) -> torch.Tensor:
@@ -140,5 +140,5 @@ def scale_from_amax(amax, fmt: str, margin: int, force_pow2: bool, epsilon: floa
 
 @BACKEND.implements(Op.MULTI_TENSOR_COMPUTE_SCALE, dtypes=(torch.float32,))
 def multi_tensor_compute_scale(amaxes, fmt, *, margin, force_pow2, epsilon):
-    scales = [scale_from_amax(a, fmt, margin, force_pow2, epsilon) for a in amaxes]
-    return scales, [_f32(1.0, s.device) / s for s in scales]
+    scales = tuple(scale_from_amax(a, fmt, margin, force_pow2, epsilon) for a in amaxes)
+    return scales, tuple(_f32(1.0, s.device) / s for s in scales)
