@@ -25,6 +25,7 @@ TARGETS = {
     "router": ("copy", 50.0),    # issue 16
     "grouped_gemm": ("dense GEMM, same FLOPs", 85.0),  # issue 16: bf16 and FP8 block
     "permute": ("copy", 70.0),   # issue 16: moe_permute / moe_unpermute
+    "multi_tensor_adam": ("copy", 70.0),  # issue 17: bytes one Adam step must move
 }
 
 # Router logits (tokens, experts): TE's MoE regime (issue 16), and a tiny one for the smoke run.
