@@ -40,7 +40,8 @@ allowed and contribute nothing.
   momenta share the params' dtype.  A set ``noop_flag`` skips the step (TE skips an update
   after an overflow).  Updated in place and returned (:class:`SGDResult`).
 * ``multi_tensor_compute_scale(amaxes, fmt, margin=0, force_pow2=False, epsilon=0.0)``: per
-  float32 (1,) amax, TE's current-scaling rule ``scale = (fmt_max / max(amax, epsilon)) /
+  element of each float32 amax tensor (TE's lists hold amax tensors of any size; a per-tensor
+  recipe's is (1,)), TE's current-scaling rule ``scale = (fmt_max / max(amax, epsilon)) /
   2^margin`` in fp32, an infinite quotient becoming FLT_MAX, amax 0 / NaN / Inf giving 1,
   optionally floored to a power of two; ``scale_inv = 1 / scale``.  Returns :class:`Scales`.
 """
@@ -254,8 +255,6 @@ def multi_tensor_sgd(grads, params, momenta, options: SGDOptions, *, model_param
 def multi_tensor_compute_scale(amaxes, fmt: str, *, margin: int = 0, force_pow2: bool = False,
                                epsilon: float = 0.0, backend: str | None = None) -> Scales:
     amax = check_list("amaxes", amaxes, dtypes=F32)
-    for i, a in enumerate(amax):
-        require(tuple(a.shape) == (1,), f"amaxes[{i}] must have shape (1,), got {tuple(a.shape)}")
     check_choice("fmt", fmt, FP8_FORMATS)
     require(isinstance(margin, int) and not isinstance(margin, bool) and 0 <= margin <= 64,
             f"margin must be an int in [0, 64], got {margin!r}")
