@@ -165,8 +165,8 @@ def test_bad_input_names_the_argument():
         tealite.multi_tensor_adam(g, p + p, m, v, AdamOptions(lr=0.1))
     with pytest.raises(TealiteArgumentError, match=r"tensors\[1\] is on meta"):
         tealite.multi_tensor_scale([torch.zeros(2), torch.zeros(2, device="meta")], 2.0)
-    with pytest.raises(TealiteArgumentError, match=r"exp_avgs\[0\] dtype"):
-        tealite.multi_tensor_adam(g, p, [torch.zeros(3, dtype=torch.bfloat16)], v,
+    with pytest.raises(TealiteArgumentError, match=r"exp_avg_sqs\[0\] dtype"):
+        tealite.multi_tensor_adam(g, p, m, [torch.zeros(3, dtype=torch.bfloat16)],
                                   AdamOptions(lr=0.1))
     with pytest.raises(TealiteArgumentError, match="options.beta1"):
         tealite.multi_tensor_adam(g, p, m, v, AdamOptions(lr=0.1, beta1=1.0))

@@ -25,8 +25,9 @@ allowed and contribute nothing.
       AdamW:     u = u + wd * p
       p = p - lr * u
 
-  exp_avgs / exp_avg_sqs (and master_params) are float32; params float32 / bf16 / fp16.  The
-  tensors are updated in place and returned (:class:`AdamResult`).
+  exp_avgs / exp_avg_sqs share one dtype (float32, or bf16 / fp16 states: read into fp32,
+  rounded back once); master_params are float32; params float32 / bf16 / fp16.  The tensors
+  are updated in place and returned (:class:`AdamResult`).
 * ``multi_tensor_sgd(grads, params, momenta, options, model_params=None, noop_flag=None)``:
   one SGD step (options: :class:`tealite.training_types.SGDOptions`), apex / TE's order::
 
@@ -210,8 +211,9 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options: AdamOptions
     _check_adam_options(options)
     gs = check_list("grads", grads)
     ps = check_list("params", params, length=len(gs), like=gs)
-    ms = check_list("exp_avgs", exp_avgs, dtypes=F32, length=len(gs), like=gs)
-    vs = check_list("exp_avg_sqs", exp_avg_sqs, dtypes=F32, length=len(gs), like=gs)
+    ms = check_list("exp_avgs", exp_avgs, length=len(gs), like=gs)
+    vs = check_list("exp_avg_sqs", exp_avg_sqs, dtypes=(ms[0].dtype,) if ms else FLOAT_DTYPES,
+                    length=len(gs), like=gs)
     masters = None if master_params is None else check_list(
         "master_params", master_params, dtypes=F32, length=len(gs), like=gs)
     _same_device("grads", dict(grads=gs, params=ps, exp_avgs=ms, exp_avg_sqs=vs,
@@ -219,7 +221,8 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options: AdamOptions
     dtype = ps[0].dtype if ps else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_ADAM, _params(
         Op.MULTI_TENSOR_ADAM, ps, dtype, grad_dtype=gs[0].dtype if gs else dtype,
-        master=masters is not None, adam_w_mode=options.adam_w_mode), backend)
+        master=masters is not None, adam_w_mode=options.adam_w_mode,
+        state_dtype=ms[0].dtype if ms else torch.float32), backend)
     impl.fn(gs, ps, ms, vs, options, master_params=masters)
     return AdamResult(ps, ms, vs, masters)
 

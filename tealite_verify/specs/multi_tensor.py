@@ -164,6 +164,7 @@ def adam_cases(draw, dtype=None, size="ci"):
     dtype = dtype or draw(float_dtypes())
     return {"dtype": dtype, "sizes": draw(mta_sizes(size)), "options": draw(mta_adam_options()),
             "algo": draw(pick("adamw", "adam")), "master": draw(st.booleans()),
+            "state_dtype": draw(pick("float32", "float32", "bfloat16", "float16")),
             "values": draw(mta_values()),
             "dist": draw(distributions(dtype, wide=False)), "seed": draw(seeds())}
 
@@ -174,8 +175,9 @@ def adam_inputs(case, device):
     for i, n in enumerate(case["sizes"]):
         g = _gen(case, "g", i, n, dt, device, scale_log2=huge)
         master = _gen(case, "p", i, n, "float32", device)
-        m = _gen(case, "m", i, n, "float32", device, scale_log2=-3)
-        v = _gen(case, "v", i, n, "float32", device, scale_log2=-3) ** 2
+        state = dtype_of(case.get("state_dtype", "float32"))
+        m = _gen(case, "m", i, n, "float32", device, scale_log2=-3).to(state)
+        v = (_gen(case, "v", i, n, "float32", device, scale_log2=-3) ** 2).to(state)
         if case["values"] == "zero_v":
             v.zero_()
             g[::2] = 0
@@ -195,8 +197,9 @@ def adam_call(inputs, case, backend):
     masters = [t.clone() for t in _list(inputs, "master", n)] if case["master"] else None
     r = tealite.multi_tensor_adam(lists["g"], lists["p"], lists["m"], lists["v"],
                                   _adam_options(case), master_params=masters, backend=backend)
-    out = {"params": _cat(r.params, dt), "exp_avgs": _cat(r.exp_avgs, torch.float32),
-           "exp_avg_sqs": _cat(r.exp_avg_sqs, torch.float32)}
+    state = dtype_of(case.get("state_dtype", "float32"))
+    out = {"params": _cat(r.params, dt), "exp_avgs": _cat(r.exp_avgs, state),
+           "exp_avg_sqs": _cat(r.exp_avg_sqs, state)}
     if masters is not None:
         out["master_params"] = _cat(r.master_params, torch.float32)
     return out
@@ -234,8 +237,9 @@ def adam_reference(inputs, case):
     def step(g, p, m, v):
         return ref.adam_update(g, p, m, v, c, sqrt=np.sqrt if isinstance(g, np.ndarray)
                                else mt.tracked_sqrt)
-    outputs = [("params", 0, dtype_of(case["dtype"])), ("exp_avgs", 1, torch.float32),
-               ("exp_avg_sqs", 2, torch.float32)]
+    state = dtype_of(case.get("state_dtype", "float32"))
+    outputs = [("params", 0, dtype_of(case["dtype"])), ("exp_avgs", 1, state),
+               ("exp_avg_sqs", 2, state)]
     if case["master"]:
         outputs.append(("master_params", 0, torch.float32))
     return _values_and_bounds(step, lists, n, outputs)
@@ -380,7 +384,7 @@ for _op, _unscale in ((Op.MULTI_TENSOR_L2NORM, False), (Op.MULTI_TENSOR_UNSCALE_
 register(OpSpec(
     name=Op.MULTI_TENSOR_ADAM, family="multi_tensor", cases=adam_cases, make_inputs=adam_inputs,
     call=adam_call, reference=adam_reference,
-    coverage=cov.layout_cells("algo", ("adam", "adamw")),
+    coverage=cov.layout_cells("algo", ("adam", "adamw")),  # state dtypes: drawn, not cells
     smoke_cases=tuple({"dtype": dt, "sizes": _SMOKE_SIZES[0], "algo": a, "master": mst,
                        "values": "plain", "dist": _DIST, "seed": 7,
                        "options": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,

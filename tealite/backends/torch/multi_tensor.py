@@ -89,8 +89,8 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, *, master_p
     bc1, bc2 = bias_corrections(options)
     for i, g in enumerate(grads):
         source = master_params[i] if master_params is not None else params[i]
-        p, m, v = adam_direction(g.float(), source.float(), exp_avgs[i], exp_avg_sqs[i],
-                                 options, bc1, bc2)
+        p, m, v = adam_direction(g.float(), source.float(), exp_avgs[i].float(),
+                                 exp_avg_sqs[i].float(), options, bc1, bc2)
         exp_avgs[i].copy_(m)
         exp_avg_sqs[i].copy_(v)
         if master_params is not None:

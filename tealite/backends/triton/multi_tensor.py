@@ -203,7 +203,15 @@ def _bias_corrections(o) -> tuple[float, float]:
     return 1.0 - b1 ** o.step, 1.0 - b2 ** o.step
 
 
-@BACKEND.implements(Op.MULTI_TENSOR_ADAM, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
+def _adam_why_not(params) -> str | None:
+    if params["state_dtype"] != torch.float32:
+        return (f"exp_avgs / exp_avg_sqs in {params['state_dtype']}: the fused Adam kernel keeps "
+                f"m and v in float32 (TE's default); low-precision states run on torch")
+    return None
+
+
+@BACKEND.implements(Op.MULTI_TENSOR_ADAM, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS,
+                    check=_adam_why_not)
 def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, *, master_params):
     dev = _device(params)
     lists = (grads, params, exp_avgs, exp_avg_sqs) + ((master_params,) if master_params is not None else ())
