@@ -165,6 +165,8 @@ def adam_cases(draw, dtype=None, size="ci"):
     return {"dtype": dtype, "sizes": draw(mta_sizes(size)), "options": draw(mta_adam_options()),
             "algo": draw(pick("adamw", "adam")), "master": draw(st.booleans()),
             "state_dtype": draw(pick("float32", "float32", "bfloat16", "float16")),
+            # fp32 gradients with low-precision params (a grad accumulated in fp32)
+            "grad_dtype": draw(pick(dtype, dtype, "float32")),
             "values": draw(mta_values()),
             "dist": draw(distributions(dtype, wide=False)), "seed": draw(seeds())}
 
@@ -173,7 +175,7 @@ def adam_inputs(case, device):
     dt, out = case["dtype"], {}
     huge = HUGE_LOG2[dt] if case["values"] == "huge" else 0
     for i, n in enumerate(case["sizes"]):
-        g = _gen(case, "g", i, n, dt, device, scale_log2=huge)
+        g = _gen(case, "g", i, n, case.get("grad_dtype", dt), device, scale_log2=huge)
         master = _gen(case, "p", i, n, "float32", device)
         state = dtype_of(case.get("state_dtype", "float32"))
         m = _gen(case, "m", i, n, "float32", device, scale_log2=-3).to(state)
