@@ -10,8 +10,10 @@ allowed and contribute nothing.
   round_out(fp32(x_i) * fp32(scale))``, and the int32 (1,) ``noop_flag`` set to 1 when any
   *input* element is NaN or Inf (TE's overflow check of a loss-scaled gradient; it is never
   cleared here).  Returns :class:`ScaleResult`.
-* ``multi_tensor_l2norm(tensors, per_tensor=True)``: the float32 2-norm of all elements
-  together and of each tensor (sum of fp32 squares, square root).  Returns :class:`L2Norms`.
+* ``multi_tensor_l2norm(tensors, per_tensor=True, noop_flag=None)``: the float32 2-norm of all
+  elements together and of each tensor (sum of fp32 squares, square root), and the int32 (1,)
+  flag set to 1 when a sum of squares is not finite (TE's L2NormFunctor propagates NaN / Inf
+  into the norm and fires the flag per chunk).  Returns :class:`L2Norms`.
 * ``multi_tensor_unscale_l2norm(tensors, inv_scale, per_tensor=True)``: the same norms of
   ``fp32(x) * inv_scale`` (inv_scale a float32 (1,) tensor, TE's unscale-then-clip path).
 * ``multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, master_params=None)``:
@@ -72,6 +74,7 @@ class ScaleResult:
 class L2Norms:
     total: torch.Tensor                # float32 (1,)
     per_tensor: torch.Tensor | None    # float32 (N,), or None when not asked for
+    noop_flag: torch.Tensor            # int32 (1,)
 
 
 @dataclass(frozen=True)
@@ -171,17 +174,20 @@ def multi_tensor_scale(tensors, scale: float, *, out_dtype: torch.dtype | None =
 
 
 def multi_tensor_l2norm(tensors, *, per_tensor: bool = True,
+                        noop_flag: torch.Tensor | None = None,
                         backend: str | None = None) -> L2Norms:
     xs = check_list("tensors", tensors)
     require(isinstance(per_tensor, bool), f"per_tensor must be a bool, got {per_tensor!r}")
     dtype = xs[0].dtype if xs else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_L2NORM,
                              _params(Op.MULTI_TENSOR_L2NORM, xs, dtype), backend)
-    total, per = impl.fn(xs, per_tensor=per_tensor, inv_scale=None)
-    return L2Norms(total, per)
+    flag = _flag(noop_flag, _device(xs))
+    total, per = impl.fn(xs, per_tensor=per_tensor, inv_scale=None, noop_flag=flag)
+    return L2Norms(total, per, flag)
 
 
 def multi_tensor_unscale_l2norm(tensors, inv_scale: torch.Tensor, *, per_tensor: bool = True,
+                                noop_flag: torch.Tensor | None = None,
                                 backend: str | None = None) -> L2Norms:
     xs = check_list("tensors", tensors)
     require(isinstance(inv_scale, torch.Tensor) and inv_scale.dtype == torch.float32
@@ -191,8 +197,9 @@ def multi_tensor_unscale_l2norm(tensors, inv_scale: torch.Tensor, *, per_tensor:
     dtype = xs[0].dtype if xs else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_UNSCALE_L2NORM,
                              _params(Op.MULTI_TENSOR_UNSCALE_L2NORM, xs, dtype), backend)
-    total, per = impl.fn(xs, per_tensor=per_tensor, inv_scale=inv_scale)
-    return L2Norms(total, per)
+    flag = _flag(noop_flag, _device(xs))
+    total, per = impl.fn(xs, per_tensor=per_tensor, inv_scale=inv_scale, noop_flag=flag)
+    return L2Norms(total, per, flag)
 
 
 def _check_adam_options(o) -> None:

@@ -135,7 +135,8 @@ def _norm_call(unscale: bool):
             r = tealite.multi_tensor_unscale_l2norm(xs, inv, per_tensor=per, backend=backend)
         else:
             r = tealite.multi_tensor_l2norm(xs, per_tensor=per, backend=backend)
-        return {"total": r.total, **({"per_tensor": r.per_tensor} if per else {})}
+        return {"total": r.total, "noop_flag": r.noop_flag,
+                **({"per_tensor": r.per_tensor} if per else {})}
     return call
 
 
@@ -143,14 +144,19 @@ def _norm_reference(unscale: bool):
     def reference(inputs, case):
         xs = _list(inputs, "x", len(case["sizes"]))
         inv = ref.f32(case["inv_scale"]) if unscale else None
-        sums = np.array([ref.sum_of_squares(x, inv) for x in xs])
+        with np.errstate(invalid="ignore"):
+            sums = np.array([ref.sum_of_squares(x, inv) for x in xs])
         total, per = ref.l2norms(xs, inv)
         sizes = np.array(case["sizes"], dtype=np.float64)
 
         def bound(values, n):
             return lambda num: mt.norm_tolerance(values, n, num, unscaled=unscale)
+        # The flag: a chunk's fp32 sum of squares not finite.  The strategies keep |x| far
+        # below sqrt(FLT_MAX / n), so that is exactly a NaN / Inf among the inputs.
         out = {"total": Expected(total, torch.float32, Tier.ULP,
-                                 bound(np.array([sums.sum()]), np.array([sizes.sum()])))}
+                                 bound(np.array([sums.sum()]), np.array([sizes.sum()]))),
+               "noop_flag": Expected(torch.from_numpy(ref.noop_flag(xs)), torch.int32,
+                                     Tier.EXACT)}
         if case["algo"] == "per_tensor":
             out["per_tensor"] = Expected(per, torch.float32, Tier.ULP, bound(sums, sizes))
         return out

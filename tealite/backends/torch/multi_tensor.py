@@ -42,7 +42,7 @@ def sumsq(x32: torch.Tensor) -> torch.Tensor:
 
 
 @BACKEND.implements(Op.MULTI_TENSOR_L2NORM, dtypes=_FLOATS)
-def multi_tensor_l2norm(tensors, *, per_tensor, inv_scale):
+def multi_tensor_l2norm(tensors, *, per_tensor, inv_scale, noop_flag):
     device = tensors[0].device if tensors else torch.device("cpu")
     sums = []
     for x in tensors:
@@ -51,6 +51,8 @@ def multi_tensor_l2norm(tensors, *, per_tensor, inv_scale):
             x32 = x32 * inv_scale
         sums.append(sumsq(x32))
     sq = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float32, device=device)
+    if any_nonfinite(sq):
+        noop_flag.fill_(1)
     total = torch.sqrt(sq.sum(dtype=torch.float32)).reshape(1)
     return total, (torch.sqrt(sq) if per_tensor else None)
 

@@ -9,7 +9,8 @@ grouped-GEMM idiom) and walks the chunk in tiles of ``BLOCK``.  Empty tensors ha
 
 * scale: ``out = x * scale`` in fp32, one rounding into the output dtype; a program that saw a
   NaN / Inf (``x - x != 0``) stores 1 into the flag (racing stores of the same value).
-* L2 norm: each program writes its chunk's fp32 sum of squares; the per-tensor sums of the
+* L2 norm: each program writes its chunk's fp32 sum of squares (and the flag when it is not
+  finite, TE's L2NormFunctor); the per-tensor sums of the
   chunk partials (``index_add_``), their total and the square roots run as torch ops on the
   device, TE's "cleanup" step.  Any summation order: tiers/multi_tensor.py's gamma_n covers it.
 * Adam: TE's element-wise update in fp32 with correctly rounded division and square root
@@ -93,7 +94,7 @@ def _scale_kernel(chunk_owner, chunk_first, numels, x_addr, y_addr, flag_ptr, sc
 
 
 @triton.jit
-def _sumsq_kernel(chunk_owner, chunk_first, numels, x_addr, inv_scale_ptr, partial_ptr,
+def _sumsq_kernel(chunk_owner, chunk_first, numels, x_addr, inv_scale_ptr, partial_ptr, flag_ptr,
                   X_T: tl.constexpr, X_BF16: tl.constexpr, UNSCALE: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     t, first, end = _chunk(chunk_owner, chunk_first, numels, CHUNK)
@@ -105,7 +106,10 @@ def _sumsq_kernel(chunk_owner, chunk_first, numels, x_addr, inv_scale_ptr, parti
         if UNSCALE:
             x = x * tl.load(inv_scale_ptr)
         acc += x * x
-    tl.store(partial_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+    total = tl.sum(acc, axis=0)
+    tl.store(partial_ptr + tl.program_id(0), total)
+    if (total - total) != 0:  # NaN / Inf chunk: TE's blind racing write of the flag
+        tl.store(flag_ptr, 1)
 
 
 @triton.jit
@@ -171,7 +175,7 @@ def multi_tensor_scale(tensors, scale, *, out_dtype, noop_flag):
     return outs
 
 
-def _l2norm(tensors, *, per_tensor, inv_scale):
+def _l2norm(tensors, *, per_tensor, inv_scale, noop_flag):
     dev = _device(tensors)
     _contiguous(tensors)
     owner, first, numels = chunk_table(tensors, dev)
@@ -179,7 +183,7 @@ def _l2norm(tensors, *, per_tensor, inv_scale):
     if owner.numel():
         _sumsq_kernel[(owner.numel(),)](
             owner, first, numels, address_table(tensors, dev),
-            inv_scale if inv_scale is not None else partial, partial,
+            inv_scale if inv_scale is not None else partial, partial, noop_flag,
             X_T=_ELT[tensors[0].dtype], X_BF16=tensors[0].dtype == torch.bfloat16,
             UNSCALE=inv_scale is not None, CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
     sums = torch.zeros(len(tensors), dtype=torch.float32, device=dev)
