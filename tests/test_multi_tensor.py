@@ -214,7 +214,7 @@ def test_triton_one_launch_per_list_across_chunk_edges(monkeypatch):
     _triton_or_skip()
     from tealite.backends.triton import multi_tensor as tmt
     counters = {k: _Counting(getattr(tmt, k)) for k in ("_scale_kernel", "_sumsq_kernel",
-                                                        "_adam_kernel")}
+                                                        "_adam_kernel", "_sgd_kernel")}
     for k, c in counters.items():
         monkeypatch.setattr(tmt, k, c)
     xs = [torch.randn(MTA_CHUNK_ELEMENTS + 1), torch.randn(0), torch.randn(555)]
@@ -231,5 +231,10 @@ def test_triton_one_launch_per_list_across_chunk_edges(monkeypatch):
     tealite.multi_tensor_adam(small, [t.clone() for t in small], [torch.zeros(40), torch.zeros(7)],
                               [torch.zeros(40), torch.zeros(7)], AdamOptions(lr=0.1),
                               backend="triton")
+    w = [torch.ones(40), torch.ones(7)]
+    tealite.multi_tensor_sgd(small, w, [torch.zeros(40), torch.zeros(7)],
+                             SGDOptions(lr=0.5), noop_flag=torch.ones(1, dtype=torch.int32),
+                             backend="triton")
+    assert all(bool((t == 1).all()) for t in w)  # a set flag skips the step
     assert {k: c.launches for k, c in counters.items()} == {
-        "_scale_kernel": 1, "_sumsq_kernel": 1, "_adam_kernel": 1}
+        "_scale_kernel": 1, "_sumsq_kernel": 1, "_adam_kernel": 1, "_sgd_kernel": 1}

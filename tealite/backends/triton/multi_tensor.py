@@ -18,9 +18,12 @@ grouped-GEMM idiom) and walks the chunk in tiles of ``BLOCK``.  Empty tensors ha
   so the declared numerics are plain fp32; the compiler may contract products and sums into
   FMAs, which the running error bound covers.
 
+* SGD: apex / TE's element-wise step in fp32, one launch for grads, params, momenta and the
+  optional low-precision model copy; a set flag is read by every program, which then skips.
+
 bf16 tensors travel as int16 bit patterns through ``_io`` (the interpreter's bf16 conversions
-are wrong).  SGD and compute-scale are not fused here (the torch backend runs them): the
-backend does not register them.
+are wrong).  Compute-scale is not fused here (the torch backend runs it): the backend does not
+register it.
 """
 from __future__ import annotations
 
@@ -234,4 +237,73 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, *, master_p
         G_T=_ELT[grads[0].dtype], G_BF16=grads[0].dtype == torch.bfloat16,
         P_T=_ELT[params[0].dtype], P_BF16=params[0].dtype == torch.bfloat16,
         HAS_MASTER=master_params is not None, ADAM_W=int(options.adam_w_mode),
+        CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
+
+
+@triton.jit
+def _sgd_kernel(chunk_owner, chunk_first, numels, g_addr, w_addr, mom_addr, copy_addr, hp_ptr,
+                flag_ptr, G_T: tl.constexpr, G_BF16: tl.constexpr, W_T: tl.constexpr,
+                W_BF16: tl.constexpr, C_T: tl.constexpr, C_BF16: tl.constexpr,
+                HAS_COPY: tl.constexpr, HAS_WD: tl.constexpr, HAS_MOMENTUM: tl.constexpr,
+                WD_AFTER: tl.constexpr, NESTEROV: tl.constexpr, FIRST_RUN: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    t, first, end = _chunk(chunk_owner, chunk_first, numels, CHUNK)
+    # fp32 hyper-parameters from a device table (see _adam_kernel): lr, momentum, dampening,
+    # weight decay, gradient scale.
+    lr, mu, damp = tl.load(hp_ptr), tl.load(hp_ptr + 1), tl.load(hp_ptr + 2)
+    wd, scale = tl.load(hp_ptr + 3), tl.load(hp_ptr + 4)
+    g_ptr = tl.load(g_addr + t).to(tl.pointer_type(G_T))
+    w_ptr = tl.load(w_addr + t).to(tl.pointer_type(W_T))
+    mom_ptr = tl.load(mom_addr + t).to(tl.pointer_type(W_T))
+    c_ptr = tl.load(copy_addr + t).to(tl.pointer_type(C_T))
+    if tl.load(flag_ptr) == 0:  # a set flag (an overflow upstream) skips the step
+        for off in range(first, end, BLOCK):
+            o = off + tl.arange(0, BLOCK)
+            mask = o < end
+            g = load_f32(g_ptr, o, mask, G_BF16) * scale
+            w = load_f32(w_ptr, o, mask, W_BF16)
+            if HAS_WD:
+                if WD_AFTER == 0:
+                    g = g + wd * w
+            if HAS_MOMENTUM:
+                if FIRST_RUN:
+                    mom = g
+                else:
+                    mom = mu * load_f32(mom_ptr, o, mask, W_BF16) + (1.0 - damp) * g
+                store_f32(mom_ptr, o, mom, mask, W_BF16)
+                if NESTEROV:
+                    g = g + mu * mom
+                else:
+                    g = mom
+            if HAS_WD:
+                if WD_AFTER == 1:
+                    g = g + wd * w
+            w = w - lr * g
+            store_f32(w_ptr, o, w, mask, W_BF16)
+            if HAS_COPY:
+                store_f32(c_ptr, o, w, mask, C_BF16)
+
+
+@BACKEND.implements(Op.MULTI_TENSOR_SGD, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
+def multi_tensor_sgd(grads, params, momenta, options, *, model_params, noop_flag):
+    dev = _device(params)
+    lists = (grads, params, momenta) + ((model_params,) if model_params is not None else ())
+    for lst in lists:
+        _contiguous(lst)
+    owner, first, numels = chunk_table(params, dev)
+    if not owner.numel():
+        return
+    o = options
+    copies = model_params if model_params is not None else params
+    _sgd_kernel[(owner.numel(),)](
+        owner, first, numels, address_table(grads, dev), address_table(params, dev),
+        address_table(momenta, dev), address_table(copies, dev),
+        torch.tensor([o.lr, o.momentum, o.dampening, o.weight_decay, o.scale],
+                     dtype=torch.float32, device=dev), noop_flag,
+        G_T=_ELT[grads[0].dtype], G_BF16=grads[0].dtype == torch.bfloat16,
+        W_T=_ELT[params[0].dtype], W_BF16=params[0].dtype == torch.bfloat16,
+        C_T=_ELT[copies[0].dtype], C_BF16=copies[0].dtype == torch.bfloat16,
+        HAS_COPY=model_params is not None, HAS_WD=o.weight_decay != 0,
+        HAS_MOMENTUM=o.momentum != 0, WD_AFTER=int(o.wd_after_momentum),
+        NESTEROV=bool(o.nesterov), FIRST_RUN=bool(o.first_run),
         CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
