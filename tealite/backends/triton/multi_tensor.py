@@ -21,9 +21,13 @@ grouped-GEMM idiom) and walks the chunk in tiles of ``BLOCK``.  Empty tensors ha
 * SGD: apex / TE's element-wise step in fp32, one launch for grads, params, momenta and the
   optional low-precision model copy; a set flag is read by every program, which then skips.
 
+* compute-scale: TE's rule per amax element with correctly rounded divisions (bit-exact):
+  ``amax < epsilon`` lifts it (NaN stays NaN, as in TE's compare), ``fmax / amax`` then
+  ``/ 2^margin``, an Inf quotient becomes FLT_MAX, amax 0 / NaN / Inf gives 1, force_pow2 clears
+  the mantissa; scale_inv = 1 / scale.
+
 bf16 tensors travel as int16 bit patterns through ``_io`` (the interpreter's bf16 conversions
-are wrong).  Compute-scale is not fused here (the torch backend runs it): the backend does not
-register it.
+are wrong).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import load_f32, store_f32
+from tealite.formats import get_format
 from tealite.training_types import MTA_CHUNK_ELEMENTS
 from tealite.types import Op
 
@@ -307,3 +312,44 @@ def multi_tensor_sgd(grads, params, momenta, options, *, model_params, noop_flag
         HAS_MOMENTUM=o.momentum != 0, WD_AFTER=int(o.wd_after_momentum),
         NESTEROV=bool(o.nesterov), FIRST_RUN=bool(o.first_run),
         CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
+
+
+@triton.jit
+def _compute_scale_kernel(chunk_owner, chunk_first, numels, amax_addr, scale_addr, inv_addr,
+                          hp_ptr, FORCE_POW2: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    t, first, end = _chunk(chunk_owner, chunk_first, numels, CHUNK)
+    fmax, pow2_margin, eps = tl.load(hp_ptr), tl.load(hp_ptr + 1), tl.load(hp_ptr + 2)
+    a_ptr = tl.load(amax_addr + t).to(tl.pointer_type(tl.float32))
+    s_ptr = tl.load(scale_addr + t).to(tl.pointer_type(tl.float32))
+    i_ptr = tl.load(inv_addr + t).to(tl.pointer_type(tl.float32))
+    for off in range(first, end, BLOCK):
+        o = off + tl.arange(0, BLOCK)
+        mask = o < end
+        a = tl.load(a_ptr + o, mask=mask, other=1.0)
+        a = tl.where(a < eps, eps, a)
+        s = tl.div_rn(tl.div_rn(fmax, a), pow2_margin)
+        s = tl.where(s == float("inf"), 3.4028234663852886e38, s)
+        s = tl.where((a == 0) | ((a - a) != 0), 1.0, s)
+        if FORCE_POW2:
+            s = (s.to(tl.int32, bitcast=True) & -8388608).to(tl.float32, bitcast=True)
+        tl.store(s_ptr + o, s, mask=mask)
+        tl.store(i_ptr + o, tl.div_rn(tl.full(s.shape, 1.0, tl.float32), s), mask=mask)
+
+
+@BACKEND.implements(Op.MULTI_TENSOR_COMPUTE_SCALE, dtypes=(torch.float32,), devices=DEVICES,
+                    numerics=_NUMERICS)
+def multi_tensor_compute_scale(amaxes, fmt, *, margin, force_pow2, epsilon):
+    dev = _device(amaxes)
+    _contiguous(amaxes)
+    scales = tuple(torch.empty_like(a) for a in amaxes)
+    invs = tuple(torch.empty_like(a) for a in amaxes)
+    owner, first, numels = chunk_table(amaxes, dev)
+    if owner.numel():
+        _compute_scale_kernel[(owner.numel(),)](
+            owner, first, numels, address_table(amaxes, dev), address_table(scales, dev),
+            address_table(invs, dev),
+            torch.tensor([get_format(fmt).max, 2.0 ** margin, epsilon], dtype=torch.float32,
+                         device=dev),
+            FORCE_POW2=bool(force_pow2), CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
+    return scales, invs
