@@ -26,6 +26,7 @@ TARGETS = {
     "grouped_gemm": ("dense GEMM, same FLOPs", 85.0),  # issue 16: bf16 and FP8 block
     "permute": ("copy", 70.0),   # issue 16: moe_permute / moe_unpermute
     "dropout": ("copy", 80.0),   # issue 17: dropout forward / backward
+    "multi_tensor_adam": ("copy", 70.0),  # issue 17: bytes one Adam step must move
 }
 
 # Dropout input (tokens, hidden), bf16: 16k tokens of 8192 (an MLP activation); tiny: a prime

@@ -14,6 +14,9 @@ from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_
 from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.moe_ffn import moe_ffn_fwd
+from tealite.ops.multi_tensor import (multi_tensor_adam, multi_tensor_compute_scale,
+                                      multi_tensor_l2norm, multi_tensor_scale, multi_tensor_sgd,
+                                      multi_tensor_unscale_l2norm)
 from tealite.ops.permute import (PaddedRows, Permuted, SortedChunks, UnpermuteGrads,
                                  moe_pad_rows, moe_permute, moe_permute_and_pad,
                                  moe_sort_chunks, moe_unpad_rows,
@@ -47,4 +50,6 @@ __all__ = [
     "moe_aux_loss_fwd", "moe_aux_loss_bwd",
     "LayerNormLinear", "LayerNormMLP", "ModuleBackends",
     "dropout_fwd", "dropout_bwd", "DropoutFwd",
+    "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_unscale_l2norm",
+    "multi_tensor_adam", "multi_tensor_sgd", "multi_tensor_compute_scale",
 ]

@@ -127,6 +127,18 @@ def test_norm_bytes_match_the_op(kind):
     assert C.norm_bytes(kind, 7, 96, 2) == actual
 
 
+def test_multi_tensor_adam_bytes_match_the_op():
+    """adam_bytes counts every tensor the op reads or writes once."""
+    from benchmarks.test_bench_multi_tensor import adam_bytes
+    sizes = [3, 0, 70]
+    g = [torch.zeros(n).bfloat16() for n in sizes]
+    p, w = [t.clone() for t in g], [torch.zeros(n) for n in sizes]
+    m, v = [torch.zeros(n) for n in sizes], [torch.zeros(n) for n in sizes]
+    moved = sum(t.nbytes for lst in (g, w, m, v) for t in lst) + \
+        sum(t.nbytes for lst in (p, w, m, v) for t in lst)
+    assert adam_bytes(sizes, 2, 2, True) == moved
+
+
 def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     """One pass of every benchmark at tiny shapes under the interpreter: rows that can run
     carry device and wall numbers; the others are skips with a reason; none fail."""
@@ -150,7 +162,8 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
                  "test_grouped_gemm[uniform-torch]", "test_grouped_gemm[skewed-torch]",
                  "test_grouped_quantize[torch-fp8-block1x128-ct-dbias-skewed]",
                  "test_permute[index-torch]", "test_unpermute[probs-torch]",
-                 "test_dropout[fwd-torch]", "test_dropout[bwd-torch]"):
+                 "test_dropout[fwd-torch]", "test_dropout[bwd-torch]",
+                 "test_multi_tensor_adam[torch]"):
         assert name in ran, (name, sorted(ran), skipped)
     assert all(s["reason"].strip() for s in skipped)
     # GPU-only rows: skipped on the CPU with their reason (benchmarks/test_bench_modules.py).

@@ -26,6 +26,7 @@ from tealite import registry
 from tealite.attention_types import AttentionConfig
 from tealite.moe_types import GroupedQuantized, MapType, RouterConfig, RowIdMap
 from tealite.ops.quantize import QuantizedTensor
+from tealite.training_types import AdamOptions, SGDOptions
 from tealite.registry import Backend, register_backend, unregister_backend
 from tealite_verify.runner import run_case
 from tealite_verify.specs import all_specs, get_spec
@@ -41,6 +42,7 @@ TYPES = {"Tensor": torch.Tensor, "torch": torch, "Optional": Optional, "tuple": 
          "QuantizedTensor": QuantizedTensor, "DelayedScaling": R.DelayedScaling,
          "AttentionConfig": AttentionConfig, "RouterConfig": RouterConfig,
          "MapType": MapType, "RowIdMap": RowIdMap, "GroupedQuantized": GroupedQuantized,
+         "AdamOptions": AdamOptions, "SGDOptions": SGDOptions,
          "Recipe": Union[R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
                          R.MXBlockScaling]}
 

@@ -151,6 +151,11 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     # Group 0's codes (a case whose group 0 is empty or columnwise only does not count).
     "grouped_quantize": (lambda r, k: (_move_codes(r.tensors[0], k), r)[1], "g0.data"),
     "dropout_fwd": _at(0, "y"), "dropout_bwd": (lambda r, k: move_tensor(r, k), "dx"),
+    # The multi-tensor ops: the first output tensor of the list (an empty one moves nothing).
+    "multi_tensor_scale": (lambda r, k: (move_tensor(r[0], k),) + tuple(r[1:]), "out"),
+    "multi_tensor_l2norm": _at(0, "total"), "multi_tensor_unscale_l2norm": _at(0, "total"),
+    "multi_tensor_compute_scale": (lambda r, k: ((move_tensor(r[0][0], k),) + r[0][1:], r[1]),
+                                   "scale"),
 }
 
 
