@@ -22,6 +22,7 @@ from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_s
                                 router_aux_scores_fwd, router_bwd, router_fwd)
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
+from tealite.ops.scaling import delayed_scaling_update_bulk
 from tealite.ops.softmax import softmax_bwd, softmax_fwd
 from tealite.registry import Backend, backends, get_backend, register_backend
 
@@ -43,4 +44,5 @@ __all__ = [
     "grouped_gemm", "grouped_qgemm", "grouped_quantize", "GroupedQuantized",
     "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
     "moe_aux_loss_fwd", "moe_aux_loss_bwd",
+    "delayed_scaling_update_bulk",
 ]
