@@ -25,7 +25,7 @@ _OPERATOR_MODULES = ("operators_gemm", "operators_norms", "operators_act", "oper
                      "operators_fused", "operators_layouts", "operators_rope",
                      "operators_softmax", "operators_attention", "operators_grouped",
                      "operators_router", "operators_permute",
-                     "operators_grouped_quant")
+                     "operators_grouped_quant", "operators_scaling_bulk")
 
 
 @dataclass(frozen=True)

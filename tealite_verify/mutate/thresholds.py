@@ -150,6 +150,9 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "moe_ffn_fwd": (lambda r, k: move_tensor(r, k), "y"),
     # Group 0's codes (a case whose group 0 is empty or columnwise only does not count).
     "grouped_quantize": (lambda r, k: (_move_codes(r.tensors[0], k), r)[1], "g0.data"),
+    # Tensor 0's new scale.
+    "delayed_scaling_update_bulk": (lambda r, k: type(r)(
+        r.amax_histories, [move_tensor(r.scales[0], k)] + list(r.scales[1:])), "s0"),
 }
 
 
