@@ -25,6 +25,8 @@ TARGETS = {
     "router": ("copy", 50.0),    # issue 16
     "grouped_gemm": ("dense GEMM, same FLOPs", 85.0),  # issue 16: bf16 and FP8 block
     "permute": ("copy", 70.0),   # issue 16: moe_permute / moe_unpermute
+    # issue 17: the bulk delayed-scaling update, one launch >= 20x the per-tensor loop
+    "scaling_bulk": ("per-tensor delayed_scaling_update loop", 2000.0),
 }
 
 # Router logits (tokens, experts): TE's MoE regime (issue 16), and a tiny one for the smoke run.
