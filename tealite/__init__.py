@@ -23,6 +23,7 @@ from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_s
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
 from tealite.ops.scaling import delayed_scaling_update_bulk
+from tealite.ops.transpose import fp8_transpose, transpose
 from tealite.ops.softmax import softmax_bwd, softmax_fwd
 from tealite.registry import Backend, backends, get_backend, register_backend
 
@@ -44,5 +45,5 @@ __all__ = [
     "grouped_gemm", "grouped_qgemm", "grouped_quantize", "GroupedQuantized",
     "router_fwd", "router_bwd", "router_aux_scores_fwd", "router_aux_scores_bwd",
     "moe_aux_loss_fwd", "moe_aux_loss_bwd",
-    "delayed_scaling_update_bulk",
+    "delayed_scaling_update_bulk", "transpose", "fp8_transpose",
 ]

@@ -21,3 +21,15 @@ class BulkScalingUpdate(NamedTuple):
 
     amax_histories: list
     scales: list
+
+
+# ---- transpose (issue 17 part 4) ------------------------------------------------------------
+
+import torch  # noqa: E402  (this section is self-contained)
+
+from tealite.formats import FP8_FORMATS, get_format  # noqa: E402
+
+#: What ``transpose`` copies bit for bit: the working float dtypes, FP8 codes, and uint8
+#: (packed FP4 codes, E8M0 scales).
+TRANSPOSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.uint8) + tuple(
+    get_format(f).torch_dtype for f in FP8_FORMATS)
