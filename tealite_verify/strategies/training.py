@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from tealite.formats import FP8_FORMATS
 from tealite_verify.strategies.choices import pick
+from tealite_verify.strategies.dtypes import float_dtypes
+from tealite_verify.strategies.shapes import dim
 from tealite_verify.strategies.values import distributions, seeds
 
 # ---- bulk delayed-scaling update (delayed_scaling_update_bulk) -----------------------------
@@ -35,3 +37,27 @@ def bulk_scaling_cases(draw, size: str = "ci") -> dict:
             "entries": [draw(bulk_scaling_entry()) for _ in range(count)],
             "newest": draw(pick(*BULK_NEWEST, "drawn")),
             "dist": draw(distributions("float32")), "seed": draw(seeds())}
+
+
+# ---- transpose / fp8_transpose -------------------------------------------------------------
+
+# The largest dim by size (interpreted Triton: one program per 32x32 tile); >128 in ci so that
+# 128x128 scale blocks come more than one to a side.
+TRANSPOSE_LIMITS = {"ci": 160, "local": 1024, "large": 8192}
+TRANSPOSE_PAYLOADS = ("plain", "fp8")
+TRANSPOSE_SCALINGS = ("tensor", "block128")  # what fp8_transpose accepts
+TRANSPOSE_LAYOUTS = ("contiguous", "column_major")  # x's strides
+
+
+@st.composite
+def transpose_cases(draw, dtype: str | None = None, size: str = "ci") -> dict:
+    """A plain tensor (any strides) or the rowwise FP8 codes of one: 0 rows one draw in 16,
+    primes, one-off-alignment sizes."""
+    limit = TRANSPOSE_LIMITS[size]
+    dtype = dtype or draw(float_dtypes())
+    return {"dtype": dtype,
+            "shape": [draw(dim(limit, allow_zero=True)), draw(dim(limit))],
+            "payload": draw(pick(*TRANSPOSE_PAYLOADS)), "fmt": draw(pick(*FP8_FORMATS)),
+            "scaling": draw(pick(*TRANSPOSE_SCALINGS)),
+            "layout": draw(pick(*TRANSPOSE_LAYOUTS)),
+            "dist": draw(distributions(dtype)), "seed": draw(seeds())}
