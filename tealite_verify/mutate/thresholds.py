@@ -153,6 +153,7 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     # Tensor 0's new scale.
     "delayed_scaling_update_bulk": (lambda r, k: type(r)(
         r.amax_histories, [move_tensor(r.scales[0], k)] + list(r.scales[1:])), "s0"),
+    "transpose": (lambda r, k: move_tensor(r, k), "y"),
 }
 
 
