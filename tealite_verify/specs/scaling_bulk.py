@@ -25,7 +25,7 @@ from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import quantize as ref
 from tealite_verify.specs import Expected, OpSpec, register
-from tealite_verify.strategies.training import BULK_NEWEST, bulk_scaling_cases
+from tealite_verify.strategies.training import BULK_KINDS, BULK_NEWEST, bulk_scaling_cases
 from tealite_verify.tensors import generate
 from tealite_verify.tiers.metrics import Tier
 from tealite_verify.tiers.parity import judge_outputs
@@ -43,7 +43,7 @@ def entries(case) -> list[dict]:
     its own scale)."""
     keys = ("history_len", "fmt", "margin", "algo")
     first = case["entries"][0]
-    if case["recipes"] == "shared":
+    if case["kind"] == "shared_recipe":
         return [dict(e, **{k: first[k] for k in keys}) for e in case["entries"]]
     return list(case["entries"])
 
@@ -73,7 +73,7 @@ def call(inputs, case, backend):
     es = entries(case)
     hs = [inputs[f"h{i}"] for i in range(len(es))]
     ss = [inputs[f"s{i}"] for i in range(len(es))]
-    recipes = recipe_of(es[0]) if case["recipes"] == "shared" else [recipe_of(e) for e in es]
+    recipes = recipe_of(es[0]) if case["kind"] == "shared_recipe" else [recipe_of(e) for e in es]
     out = tealite.delayed_scaling_update_bulk(hs, ss, recipes, backend=backend)
     outputs = {}
     for i, (h, s) in enumerate(zip(out.amax_histories, out.scales)):
@@ -112,13 +112,13 @@ def _entry(h, fmt, margin, algo, scale=2.0):
 
 _WIDE = {"kind": "wide", "log2_lo": -12, "log2_hi": 6}
 SMOKE = (
-    {"count": 4, "recipes": "per_tensor", "newest": "drawn", "dist": _WIDE, "seed": 4,
+    {"count": 4, "kind": "per_tensor_recipes", "newest": "drawn", "dist": _WIDE, "seed": 4,
      "entries": [_entry(16, "e4m3", 0, "max"), _entry(1, "e5m2fnuz", 1, "most_recent"),
                  _entry(3, "e4m3fnuz", 3, "max", 0.5), _entry(1024, "e5m2", 0, "most_recent")]},
-    {"count": 3, "recipes": "shared", "newest": "nan", "dist": _WIDE, "seed": 5,
+    {"count": 3, "kind": "shared_recipe", "newest": "nan", "dist": _WIDE, "seed": 5,
      "entries": [_entry(37, "e4m3", 1, "max"), _entry(2, "e5m2", 0, "most_recent", 448.0),
                  _entry(1, "e4m3", 0, "max", 3.0)]},
-    {"count": 2, "recipes": "per_tensor", "newest": "zero", "dist": _WIDE, "seed": 6,
+    {"count": 2, "kind": "per_tensor_recipes", "newest": "zero", "dist": _WIDE, "seed": 6,
      "entries": [_entry(1, "e4m3", 0, "most_recent"), _entry(2, "e4m3", 0, "max")]},
 )
 
@@ -126,5 +126,5 @@ register(OpSpec(
     name=Op.DELAYED_SCALING_UPDATE_BULK, family="training", cases=cases,
     make_inputs=make_inputs, call=call, reference=reference, dtypes=("float32",),
     smoke_cases=SMOKE, drives=(Op.DELAYED_SCALING_UPDATE_BULK,),
-    coverage=(cov.layout_cells("recipes", ("shared", "per_tensor"))
+    coverage=(cov.layout_cells("kind", BULK_KINDS)
               + cov.layout_cells("newest", BULK_NEWEST))))

@@ -21,8 +21,8 @@ from tealite.types import Op, QuantizedTensor
 from tealite_verify import coverage as cov
 from tealite_verify.references import transpose as ref
 from tealite_verify.specs import Expected, OpSpec, register
-from tealite_verify.strategies.training import (TRANSPOSE_LAYOUTS, TRANSPOSE_PAYLOADS,
-                                                TRANSPOSE_SCALINGS, transpose_cases)
+from tealite_verify.strategies.training import (TRANSPOSE_KINDS, TRANSPOSE_LAYOUTS,
+                                                transpose_cases)
 from tealite_verify.tensors import dtype_of, generate
 from tealite_verify.tiers.metrics import Tier
 
@@ -32,14 +32,14 @@ def cases(dtype=None, size="ci"):
 
 
 def recipe_of(case):
-    if case["scaling"] == "tensor":
+    if case["kind"] == "fp8_tensor":
         return R.Float8CurrentScaling(case["fmt"])
     return R.Float8BlockScaling(case["fmt"], block=(128, 128))
 
 
 def make_inputs(case, device):
     x = generate(case["dist"], case["shape"], dtype_of(case["dtype"]), case["seed"], device)
-    if case["payload"] == "plain":
+    if case["kind"] == "plain":
         return {"x": x}
     q = tealite.quantize(x, recipe_of(case), backend="torch")
     # Codes as bytes: their float64 copy (the reference's input) is then exact.
@@ -52,7 +52,7 @@ def _strided(x, case):
 
 
 def call(inputs, case, backend):
-    if case["payload"] == "plain":
+    if case["kind"] == "plain":
         return {"y": tealite.transpose(_strided(inputs["x"], case), backend=backend)}
     recipe = recipe_of(case)
     codes = _strided(inputs["codes"], case).view(get_format(case["fmt"]).torch_dtype)
@@ -73,18 +73,18 @@ def _exact(a: np.ndarray, dtype: torch.dtype) -> Expected:
 
 
 def reference(inputs, case):
-    if case["payload"] == "plain":
+    if case["kind"] == "plain":
         return {"y": _exact(ref.transpose(inputs["x"], case["dtype"]),
                             dtype_of(case["dtype"]))}
     s = inputs["scale_inv"]
-    scales = s.astype(np.float32) if case["scaling"] == "tensor" else \
+    scales = s.astype(np.float32) if case["kind"] == "fp8_tensor" else \
         ref.transpose(s, "float32")
     return {"columnwise_data": _exact(ref.transpose(inputs["codes"], "uint8"), torch.uint8),
             "columnwise_scale_inv": _exact(scales, torch.float32)}
 
 
-def _smoke(dtype, shape, payload, scaling="tensor", fmt="e4m3", layout="contiguous", seed=1):
-    return {"dtype": dtype, "shape": shape, "payload": payload, "fmt": fmt, "scaling": scaling,
+def _smoke(dtype, shape, kind, fmt="e4m3", layout="contiguous", seed=1):
+    return {"dtype": dtype, "shape": shape, "kind": kind, "fmt": fmt,
             "layout": layout, "dist": {"kind": "specials", "frac": 0.1, "sample_dtype":
                                        "float32"}, "seed": seed}
 
@@ -93,14 +93,13 @@ SMOKE = (
     _smoke("bfloat16", [37, 67], "plain", layout="column_major"),
     _smoke("float32", [1, 33], "plain"),
     _smoke("float16", [0, 5], "plain"),
-    _smoke("float32", [131, 129], "fp8", "block128", "e5m2fnuz", seed=2),
-    _smoke("bfloat16", [33, 1], "fp8", "tensor", "e4m3", layout="column_major", seed=3),
+    _smoke("float32", [131, 129], "fp8_block128", "e5m2fnuz", seed=2),
+    _smoke("bfloat16", [33, 1], "fp8_tensor", "e4m3", layout="column_major", seed=3),
 )
 
 register(OpSpec(
     name=Op.TRANSPOSE, family="training", cases=cases, make_inputs=make_inputs, call=call,
     reference=reference, smoke_cases=SMOKE,
-    coverage=(cov.layout_cells("payload", TRANSPOSE_PAYLOADS)
-              + cov.layout_cells("scaling", TRANSPOSE_SCALINGS)
+    coverage=(cov.layout_cells("kind", TRANSPOSE_KINDS)
               + cov.layout_cells("layout", TRANSPOSE_LAYOUTS)
               + cov.edge_cells((cov.ONE_ELEMENT, cov.EMPTY, cov.MISALIGNED)))))

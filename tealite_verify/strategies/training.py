@@ -18,6 +18,8 @@ BULK_SCALING_LIMITS = {"ci": 6, "local": 64, "large": 2000}
 BULK_HISTORY_LENS = (1, 2, 3, 16, 37, 1024)
 # The newest amax (slot 0) of tensor 0: a skipped step (0), NaN or Inf keeps the old scale.
 BULK_NEWEST = ("drawn", "zero", "nan", "inf")
+# One recipe for every tensor (TE's grouping) or one per tensor (formats, margins mixed).
+BULK_KINDS = ("shared_recipe", "per_tensor_recipes")
 
 
 @st.composite
@@ -31,9 +33,9 @@ def bulk_scaling_entry(draw) -> dict:
 @st.composite
 def bulk_scaling_cases(draw, size: str = "ci") -> dict:
     """``count`` tensors, one shared recipe (``entries[0]``'s fields for every tensor) or one
-    per tensor; every tensor's history drawn from ``dist`` with its own seed."""
+    per tensor (``kind``); every tensor's history drawn from ``dist`` with its own seed."""
     count = draw(st.integers(1, BULK_SCALING_LIMITS[size]))
-    return {"count": count, "recipes": draw(pick("shared", "per_tensor")),
+    return {"count": count, "kind": draw(pick(*BULK_KINDS)),
             "entries": [draw(bulk_scaling_entry()) for _ in range(count)],
             "newest": draw(pick(*BULK_NEWEST, "drawn")),
             "dist": draw(distributions("float32")), "seed": draw(seeds())}
@@ -44,8 +46,8 @@ def bulk_scaling_cases(draw, size: str = "ci") -> dict:
 # The largest dim by size (interpreted Triton: one program per 32x32 tile); >128 in ci so that
 # 128x128 scale blocks come more than one to a side.
 TRANSPOSE_LIMITS = {"ci": 160, "local": 1024, "large": 8192}
-TRANSPOSE_PAYLOADS = ("plain", "fp8")
-TRANSPOSE_SCALINGS = ("tensor", "block128")  # what fp8_transpose accepts
+# A plain tensor, or FP8 codes with the scales fp8_transpose accepts (per tensor, 128x128).
+TRANSPOSE_KINDS = ("plain", "fp8_tensor", "fp8_block128")
 TRANSPOSE_LAYOUTS = ("contiguous", "column_major")  # x's strides
 
 
@@ -57,7 +59,6 @@ def transpose_cases(draw, dtype: str | None = None, size: str = "ci") -> dict:
     dtype = dtype or draw(float_dtypes())
     return {"dtype": dtype,
             "shape": [draw(dim(limit, allow_zero=True)), draw(dim(limit))],
-            "payload": draw(pick(*TRANSPOSE_PAYLOADS)), "fmt": draw(pick(*FP8_FORMATS)),
-            "scaling": draw(pick(*TRANSPOSE_SCALINGS)),
+            "kind": draw(pick(*TRANSPOSE_KINDS)), "fmt": draw(pick(*FP8_FORMATS)),
             "layout": draw(pick(*TRANSPOSE_LAYOUTS)),
             "dist": draw(distributions(dtype)), "seed": draw(seeds())}
