@@ -136,3 +136,57 @@ def test_a_correct_transpose_written_otherwise_passes(make_backend):
 ], ids=["reshape", "identity", "flipped"])
 def test_a_wrong_transpose_is_caught(make_backend, wrong):
     assert not all(_verdicts(make_backend, "tr_wrong", wrong, SQUARE_CASE))
+
+
+# ---- AITER's HIP partial_transpose, against a fake aiter (no ROCm here) -------------------------
+
+@pytest.fixture
+def fake_aiter(monkeypatch):
+    """A fake ``aiter`` whose ``partial_transpose`` does what quant_kernels.cu does (and checks
+    the arguments the kernel relies on); every other entry point must not be called."""
+    import sys
+    import types
+
+    from tealite.backends import aiter as A
+
+    fake = types.ModuleType("aiter")
+    fake.calls = []
+    setattr(fake, A.FAKE_DEVICES_ATTR, ("cpu",))
+    setattr(fake, A.FAKE_ARCH_ATTR, "gfx942")
+
+    def partial_transpose(out, input, num_rows):
+        assert out.is_contiguous() and input.is_contiguous()
+        assert input.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        assert num_rows.dtype == torch.int32 and num_rows.shape == (1,)
+        cols, n = input.shape[-1], int(num_rows[0])
+        assert 0 < cols <= 8192
+        out.view(-1)[: n * cols] = input.reshape(-1, cols)[:n].t().reshape(-1)
+        fake.calls.append("partial_transpose")
+
+    def never(*a, **k):
+        raise AssertionError("only partial_transpose may be called")
+
+    for name in A.ENTRY_POINTS:
+        setattr(fake, name, partial_transpose if name == "partial_transpose" else never)
+    monkeypatch.setitem(sys.modules, "aiter", fake)
+    A.reset()
+    with A.PLATFORM.override(rocm=True, gpu_visible=True):
+        yield fake
+    A.reset()
+
+
+def test_aiter_partial_transpose_adapter(fake_aiter):
+    report = run_case(SPEC, dict(SPEC.smoke_cases[0]), backends=["aiter", "torch"])
+    assert report.outcomes["aiter"].status == "ok", report.outcomes["aiter"].reason
+    assert report.outcomes["aiter"].numerics.entry_point == "partial_transpose"
+    assert fake_aiter.calls and report.verdict == "pass", report.failures
+
+
+@pytest.mark.parametrize("x, reason", [
+    (torch.zeros(4, 4, dtype=torch.float8_e4m3fn), "float32 / float16 / bfloat16 only"),
+    (torch.zeros(2, 8193), "no launch for more than 8192 columns"),
+    (torch.zeros(3, 0), "no launch for 0 columns"),
+])
+def test_aiter_partial_transpose_refusals(fake_aiter, x, reason):
+    with pytest.raises(tealite.UnsupportedCase, match=reason):
+        tealite.transpose(x, backend="aiter")
