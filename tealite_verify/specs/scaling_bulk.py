@@ -24,6 +24,7 @@ from tealite import registry
 from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import quantize as ref
+from tealite_verify.graph_replay import GraphReplayPolicy
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.training import BULK_KINDS, BULK_NEWEST, bulk_scaling_cases
 from tealite_verify.tensors import generate
@@ -126,5 +127,9 @@ register(OpSpec(
     name=Op.DELAYED_SCALING_UPDATE_BULK, family="training", cases=cases,
     make_inputs=make_inputs, call=call, reference=reference, dtypes=("float32",),
     smoke_cases=SMOKE, drives=(Op.DELAYED_SCALING_UPDATE_BULK,),
+    graph_replay=GraphReplayPolicy(capturable=False, reason=(
+        "the Triton path copies its per-tensor tables (addresses, lengths, fp8 max, 2^margin) "
+        "from host lists to the device on every call, and the torch path builds its constants "
+        "the same way: host-to-device copies a graph cannot replay with new inputs")),
     coverage=(cov.layout_cells("kind", BULK_KINDS)
               + cov.layout_cells("newest", BULK_NEWEST))))
