@@ -117,6 +117,23 @@ def test_triton_is_one_launch(monkeypatch, triton_device):
     _assert_bitwise(out, hs, ss, recipes)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_histories_as_columns_of_one_buffer(backend, triton_device):
+    """TE keeps a module's histories as the columns of one (H, N) buffer: strided views, read
+    in place (one launch on Triton, no per-tensor copy)."""
+    device = triton_device if backend == "triton" else "cpu"
+    buf = torch.rand(16, 5, device=device) * 50
+    buf[0, 1], buf[3, 2] = 0.0, float("nan")
+    hs = [buf[:, j] for j in range(5)]
+    scales = torch.rand(5, device=device) + 0.5
+    ss = [scales[j:j + 1] for j in range(5)]
+    recipes = [R.DelayedScaling(("e4m3", "e5m2")[j % 2], margin=j % 3, amax_history_len=16,
+                                amax_compute_algo=("max", "most_recent")[j // 3])
+               for j in range(5)]
+    out = tealite.delayed_scaling_update_bulk(hs, ss, recipes, backend=backend)
+    _assert_bitwise(out, [h.contiguous() for h in hs], ss, recipes)
+
+
 def test_triton_refuses_a_history_longer_than_one_program_holds():
     r = R.DelayedScaling(amax_history_len=2048)
     impl = registry.get_backend("triton").impls.get(tealite.types.Op.DELAYED_SCALING_UPDATE_BULK)

@@ -3,8 +3,9 @@
 arrays in its kernel arguments).
 
 The host builds device tables, one row per tensor: int64 addresses of the input history, the
-input scale and the output history slot; int32 history length and algorithm; float32 fp8 max
-and 2^margin.  Program i reads its row, loads its whole history (<= 1024 floats, one block),
+input scale and the output history slot; int64 history length, element stride and algorithm;
+float32 fp8 max and 2^margin.  A history may be a strided view (TE keeps a module's histories
+as the columns of one (H, N) buffer): it is read in place, never copied.  Program i reads its row, loads its whole history (<= 1024 floats, one block),
 and writes the rolled history and the new scale into two packed output buffers, which are
 returned as per-tensor views (no copy).
 
@@ -34,13 +35,14 @@ def _bulk_update_kernel(h_in_tab, s_in_tab, h_out_off, meta_tab, consts_tab, h_o
     i = tl.program_id(0)
     h_in = tl.load(h_in_tab + i).to(tl.pointer_type(tl.float32))
     s_in = tl.load(s_in_tab + i).to(tl.pointer_type(tl.float32))
-    n = tl.load(meta_tab + 2 * i)
-    algo = tl.load(meta_tab + 2 * i + 1)
+    n = tl.load(meta_tab + 3 * i)
+    stride = tl.load(meta_tab + 3 * i + 1).to(tl.int64)
+    algo = tl.load(meta_tab + 3 * i + 2)
     fmax = tl.load(consts_tab + 2 * i)
     pow2_margin = tl.load(consts_tab + 2 * i + 1)
     offs = tl.arange(0, BLOCK)
     live = offs < n
-    hist = tl.load(h_in + offs, mask=live, other=float("-inf"))
+    hist = tl.load(h_in + offs * stride, mask=live, other=float("-inf"))
     nans = tl.sum(tl.where(live & (hist != hist), 1, 0), axis=0)
     hmax = tl.where(nans > 0, float("nan"), tl.max(hist, axis=0))
     newest = tl.load(h_in)
@@ -50,7 +52,7 @@ def _bulk_update_kernel(h_in_tab, s_in_tab, h_out_off, meta_tab, consts_tab, h_o
     tl.store(s_out + i, tl.where(keep, tl.load(s_in), new))
     # roll(history, -1) with slot 0 cleared: out[j] = in[j + 1 mod n], out[0] = 0
     nxt = tl.where(offs + 1 < n, offs + 1, 0)
-    rolled = tl.load(h_in + nxt, mask=live, other=0.0)
+    rolled = tl.load(h_in + nxt * stride, mask=live, other=0.0)
     base = tl.load(h_out_off + i)
     tl.store(h_out + base + offs, tl.where(offs == 0, 0.0, rolled), mask=live)
 
@@ -68,8 +70,9 @@ def _tables(histories, scales, recipes, device):
     offsets = [0] * len(lens)
     for j in range(1, len(lens)):
         offsets[j] = offsets[j - 1] + lens[j - 1]
-    meta = [v for n, r in zip(lens, recipes)
-            for v in (n, _MOST_RECENT if r.amax_compute_algo == "most_recent" else 0)]
+    meta = [v for h, r in zip(histories, recipes)
+            for v in (h.numel(), h.stride(0),
+                      _MOST_RECENT if r.amax_compute_algo == "most_recent" else 0)]
     consts = [v for r in recipes for v in (get_format(r.fmt).max, 2.0 ** r.margin)]
 
     def put(values, dtype):
@@ -77,7 +80,7 @@ def _tables(histories, scales, recipes, device):
 
     return (put([h.data_ptr() for h in histories], torch.int64),
             put([s.data_ptr() for s in scales], torch.int64),
-            put(offsets, torch.int64), put(meta, torch.int32), put(consts, torch.float32),
+            put(offsets, torch.int64), put(meta, torch.int64), put(consts, torch.float32),
             lens)
 
 
@@ -85,10 +88,6 @@ def _tables(histories, scales, recipes, device):
                     check=_why_not)
 def delayed_scaling_update_bulk(histories, scales, recipes):
     device = histories[0].device
-    # The kernel reads by address: contiguous inputs (a (1,) scale or a 1-D history that is
-    # a strided view is copied; a no-op otherwise).
-    histories = [h.contiguous() for h in histories]
-    scales = [s.contiguous() for s in scales]
     h_in, s_in, h_off, meta, consts, lens = _tables(histories, scales, recipes, device)
     h_out = torch.empty(sum(lens), dtype=torch.float32, device=device)
     s_out = torch.empty(len(scales), dtype=torch.float32, device=device)
