@@ -208,3 +208,43 @@ def test_approximate_division_is_caught(make_backend):
     assert differs, "the case must hold an amax where the two divisions differ"
     v = _verdict(make_backend, "bulk_recip", reciprocal, case)
     assert not v["parity"] and not any(v[f"s{i}"] for i in differs)
+
+
+# ---- the kernel as compiled for the GPUs (CI has none: cross-compiled) ---------------------------
+
+_COMPILE = """
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tealite.backends.triton import scaling as TS
+sig = {"h_in_tab": "*i64", "s_in_tab": "*i64", "h_out_off": "*i64", "meta_tab": "*i64",
+       "consts_tab": "*fp32", "h_out": "*fp32", "s_out": "*fp32", "BLOCK": "constexpr"}
+out = {}
+for target, asm in ((("cuda", 90, 32), "ptx"), (("hip", "gfx942", 64), "amdgcn")):
+    k = triton.compile(ASTSource(TS._bulk_update_kernel, sig, {"BLOCK": 1024}),
+                       target=GPUTarget(*target))
+    out[target[0]] = sorted(set(re.findall(r"div\\.[a-z0-9.]+|v_div_fixup_f32", k.asm[asm])))
+json.dump(out, sys.stdout)
+"""
+
+
+def test_kernel_compiles_with_ieee_division():
+    """Cross-compiled for sm_90 and gfx942 in a fresh process without TRITON_INTERPRET (the
+    interpreter forgave a non-constexpr global here that the compiler refuses); the scale's two
+    divisions must be IEEE ones (Triton's "/" is approximate on CUDA): PTX ``div.rn.f32``,
+    AMD's correctly rounded ``v_div_fixup_f32`` sequence."""
+    pytest.importorskip("triton")
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    divides = json.loads(proc.stdout)
+    assert divides == {"cuda": ["div.rn.f32"], "hip": ["v_div_fixup_f32"]}, divides

@@ -190,3 +190,42 @@ def test_aiter_partial_transpose_adapter(fake_aiter):
 def test_aiter_partial_transpose_refusals(fake_aiter, x, reason):
     with pytest.raises(tealite.UnsupportedCase, match=reason):
         tealite.transpose(x, backend="aiter")
+
+
+# ---- the kernel as compiled for the GPUs (CI has none: cross-compiled) ---------------------------
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tealite.backends.triton import transpose as TT
+out = {}
+for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
+    for bits in ("*u8", "*i16", "*i32"):
+        sig = {"x": bits, "y": bits, "M": "i32", "N": "i32", "sxm": "i32", "sxn": "i32",
+               "BM": "constexpr", "BN": "constexpr"}
+        k = triton.compile(ASTSource(TT._transpose_kernel, sig, {"BM": TT.TILE, "BN": TT.TILE}),
+                           target=GPUTarget(*target))
+        out[f"{target[0]}{bits}"] = len(k.asm["cubin" if target[0] == "cuda" else "hsaco"])
+json.dump(out, sys.stdout)
+"""
+
+
+def test_kernel_compiles_for_sm90_and_gfx942():
+    """Cross-compiled in a fresh process without TRITON_INTERPRET (the interpreter forgives
+    what a compiled kernel does not), for every element width the backend launches."""
+    pytest.importorskip("triton")
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sizes = json.loads(proc.stdout)
+    assert len(sizes) == 6 and all(sizes.values()), sizes

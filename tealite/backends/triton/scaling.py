@@ -26,7 +26,8 @@ from tealite.formats import get_format
 from tealite.training_types import BULK_SCALING_MAX_HISTORY, BulkScalingUpdate
 from tealite.types import Op
 
-_MOST_RECENT = 1
+MOST_RECENT = 1  # the algorithm column's code for "most_recent" (0: "max")
+_MOST_RECENT = tl.constexpr(MOST_RECENT)  # a kernel reads only constexpr globals when compiled
 
 
 @triton.jit
@@ -72,7 +73,7 @@ def _tables(histories, scales, recipes, device):
         offsets[j] = offsets[j - 1] + lens[j - 1]
     meta = [v for h, r in zip(histories, recipes)
             for v in (h.numel(), h.stride(0),
-                      _MOST_RECENT if r.amax_compute_algo == "most_recent" else 0)]
+                      MOST_RECENT if r.amax_compute_algo == "most_recent" else 0)]
     consts = [v for r in recipes for v in (get_format(r.fmt).max, 2.0 ** r.margin)]
 
     def put(values, dtype):
