@@ -27,6 +27,8 @@ TARGETS = {
     "permute": ("copy", 70.0),   # issue 16: moe_permute / moe_unpermute
     "dropout": ("copy", 80.0),   # issue 17: dropout forward / backward
     "multi_tensor_adam": ("copy", 70.0),  # issue 17: bytes one Adam step must move
+    # issue 17: the bulk delayed-scaling update, one launch >= 20x the per-tensor loop
+    "scaling_bulk": ("per-tensor delayed_scaling_update loop", 2000.0),
 }
 
 # Dropout input (tokens, hidden), bf16: 16k tokens of 8192 (an MLP activation); tiny: a prime

@@ -26,6 +26,8 @@ from tealite.ops.router import (moe_aux_loss_bwd, moe_aux_loss_fwd, router_aux_s
                                 router_aux_scores_fwd, router_bwd, router_fwd)
 from tealite.ops.quantize import (QuantizedTensor, amax, delayed_scaling_update, dequantize,
                                   quantize)
+from tealite.ops.scaling import delayed_scaling_update_bulk
+from tealite.ops.transpose import fp8_transpose, transpose
 from tealite.ops.softmax import softmax_bwd, softmax_fwd
 from tealite.modules import LayerNormLinear, LayerNormMLP, ModuleBackends
 from tealite.registry import Backend, backends, get_backend, register_backend
@@ -52,4 +54,5 @@ __all__ = [
     "dropout_fwd", "dropout_bwd", "DropoutFwd",
     "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_unscale_l2norm",
     "multi_tensor_adam", "multi_tensor_sgd", "multi_tensor_compute_scale",
+    "delayed_scaling_update_bulk", "transpose", "fp8_transpose",
 ]

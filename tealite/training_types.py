@@ -6,10 +6,16 @@ its front-end (tealite/ops/) and its backends may import them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from tealite.formats import FP8_FORMATS, get_format
+
 # ---------------------------------------------------------------------------------------------
 # Multi-tensor apply (tealite/ops/multi_tensor.py): the optimizer options and TE's chunk size.
 # ---------------------------------------------------------------------------------------------
-from dataclasses import dataclass  # noqa: E402  (this section is self-contained)
 
 # TE's multi_tensor_apply cuts every tensor into chunks of this many elements (its Python
 # optimizers pass 65536 = 2**16): a fused kernel's partial sums are per chunk, which is why
@@ -54,3 +60,28 @@ class SGDOptions:
     first_run: bool = False
     wd_after_momentum: bool = False
     scale: float = 1.0
+
+
+# ---- bulk delayed-scaling update (issue 17 part 2) ------------------------------------------
+
+
+#: The longest amax history one Triton program holds (TE's recipes use 1..1024).
+BULK_SCALING_MAX_HISTORY = 1024
+
+
+class BulkScalingUpdate(NamedTuple):
+    """``delayed_scaling_update_bulk``'s result: tensor i's new (H_i,) float32 history and
+    new (1,) float32 scale, in the order the tensors were given."""
+
+    amax_histories: list
+    scales: list
+
+
+# ---- transpose (issue 17 part 4) ------------------------------------------------------------
+
+
+
+#: What ``transpose`` copies bit for bit: the working float dtypes, FP8 codes, and uint8
+#: (packed FP4 codes, E8M0 scales).
+TRANSPOSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.uint8) + tuple(
+    get_format(f).torch_dtype for f in FP8_FORMATS)

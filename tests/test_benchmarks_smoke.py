@@ -169,6 +169,9 @@ def test_suite_runs_in_smoke_mode_and_reports(tmp_path):
     # GPU-only rows: skipped on the CPU with their reason (benchmarks/test_bench_modules.py).
     assert any("test_layernorm_mlp[" in s["test"] and "GPU measurement" in s["reason"]
                for s in skipped), skipped
+    # GPU-only rows are recorded as skips with their reason (issue 17: the bulk scaling update).
+    assert any("delayed_scaling_update_bulk" in s["test"] and "GPU only" in s["reason"]
+               for s in skipped), skipped
     for b in ran.values():
         ei = b["extra_info"]
         assert ei["timer"] == "wall" and ei["device_ms_median"] > 0 and b["stats"]["rounds"] >= 1

@@ -28,6 +28,7 @@ from tealite.moe_types import GroupedQuantized, MapType, RouterConfig, RowIdMap
 from tealite.ops.quantize import QuantizedTensor
 from tealite.training_types import AdamOptions, SGDOptions
 from tealite.registry import Backend, register_backend, unregister_backend
+from tealite.training_types import BulkScalingUpdate
 from tealite_verify.runner import run_case
 from tealite_verify.specs import all_specs, get_spec
 
@@ -45,6 +46,7 @@ TYPES = {"Tensor": torch.Tensor, "torch": torch, "Optional": Optional, "tuple": 
          "AdamOptions": AdamOptions, "SGDOptions": SGDOptions,
          "Recipe": Union[R.Float8CurrentScaling, R.Float8BlockScaling, R.DelayedScaling,
                          R.MXBlockScaling]}
+TYPES.update({"list": list, "BulkScalingUpdate": BulkScalingUpdate})  # issue 17 (bulk scaling)
 
 
 # ---- parsing the doc ---------------------------------------------------------------------

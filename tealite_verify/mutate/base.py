@@ -25,7 +25,8 @@ _OPERATOR_MODULES = ("operators_gemm", "operators_norms", "operators_act", "oper
                      "operators_fused", "operators_layouts", "operators_rope",
                      "operators_softmax", "operators_attention", "operators_grouped",
                      "operators_router", "operators_permute",
-                     "operators_grouped_quant", "operators_multi_tensor", "operators_dropout")
+                     "operators_grouped_quant", "operators_scaling_bulk",
+                     "operators_multi_tensor", "operators_dropout")
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,10 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "multi_tensor_l2norm": _at(0, "total"), "multi_tensor_unscale_l2norm": _at(0, "total"),
     "multi_tensor_compute_scale": (lambda r, k: ((move_tensor(r[0][0], k),) + r[0][1:], r[1]),
                                    "scale"),
+    # Tensor 0's new scale.
+    "delayed_scaling_update_bulk": (lambda r, k: type(r)(
+        r.amax_histories, [move_tensor(r.scales[0], k)] + list(r.scales[1:])), "s0"),
+    "transpose": (lambda r, k: move_tensor(r, k), "y"),
 }
 
 

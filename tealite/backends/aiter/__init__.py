@@ -67,6 +67,7 @@ ENTRY_POINTS: dict[str, str] = {
     "mha_varlen_fwd": "aiter/ops/mha.py",
     "mha_varlen_bwd": "aiter/ops/mha.py",
     "fused_moe": "aiter/fused_moe.py",
+    "partial_transpose": "aiter/ops/quant.py",  # issue 17: transpose
 }
 
 # E4M3 format AITER computes in, per arch (aiter/utility/dtypes.py: gfx942 -> FNUZ, gfx950 ->
@@ -240,6 +241,7 @@ BACKEND_BPRESHUFFLE = register_backend(Backend(
 # Every family module registers its implementations on BACKEND when imported.  They are
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
-FAMILIES = ("activations", "attention", "fused", "moe", "norms", "qgemm", "quantize")
+FAMILIES = ("activations", "attention", "fused", "moe", "norms", "qgemm", "quantize",
+            "transpose")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")

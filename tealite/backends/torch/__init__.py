@@ -13,6 +13,6 @@ BACKEND = register_backend(Backend(
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
 FAMILIES = ("activations", "gemm", "layouts", "norms", "qgemm", "quantize", "fused", "rope",
             "attention", "softmax", "grouped_gemm", "router", "permute", "moe_ffn",
-            "grouped_quantize", "multi_tensor", "dropout")
+            "grouped_quantize", "scaling", "transpose", "multi_tensor", "dropout")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
