@@ -39,8 +39,8 @@ def compare_exact(actual, expected, *, nan_payload: bool = False) -> Metrics:
             f"element type {_elem_type(actual)} != expected {_elem_type(expected)}"))
     a_bits, e_bits = _bits(actual), _bits(expected)
     ok = a_bits == e_bits
-    a_val = to_f64(actual) if _is_float(actual) else a_bits.astype(np.float64)
-    e_val = to_f64(expected) if _is_float(expected) else e_bits.astype(np.float64)
+    a_val = to_f64(actual) if _is_float(actual) else _int_values(actual)
+    e_val = to_f64(expected) if _is_float(expected) else _int_values(expected)
     if not nan_payload and _is_float(actual):
         ok |= np.isnan(a_val) & np.isnan(e_val)
     bit_dist = np.where(ok, 0, np.abs(a_bits - e_bits))
@@ -55,6 +55,15 @@ def compare_exact(actual, expected, *, nan_payload: bool = False) -> Metrics:
     return replace(m, max_abs_err=float(finite.max()) if finite.size else
                    (math.inf if value_err.size else 0.0),
                    max_bit_distance=int(bit_dist.max()) if bit_dist.size else 0)
+
+
+def _int_values(t) -> np.ndarray:
+    """An integer (or bool) tensor's values as float64, signed as stored (a row map's -1
+    reads -1, not its unsigned bit pattern)."""
+    if isinstance(t, torch.Tensor):
+        t = t.detach().cpu()
+        return (t.to(torch.int64) if t.dtype == torch.bool else t).numpy().astype(np.float64)
+    return np.asarray(t).astype(np.float64)
 
 
 def _is_float(t) -> bool:
