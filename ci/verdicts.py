@@ -21,7 +21,10 @@ commit before issue 14's refactor began (683 cases), and re-recorded after issue
 attention family (932 cases: the 683 unchanged, checked first, plus softmax, attention and
 RoPE on every CPU backend), then extended after issue 16 merged the MoE family (1529 cases: the
 932 kept as they were, plus the drawn and smoke cases of the 17 MoE ops and the composed
-``moe_layer`` check from a fresh record, re-checked unchanged before committing).
+``moe_layer`` check from a fresh record, re-checked unchanged before committing), then after
+issue 17 (1889 cases: the 1529 kept, four shuffle_weight entries' worst-element values
+re-read as signed int16 after tiers/exact.py's bit-pattern fix (verdicts unchanged), plus 360
+cases of the multi-tensor, bulk-scaling, dropout, transpose and layernorm_mlp specs).
 """
 from __future__ import annotations
 
