@@ -412,3 +412,28 @@ def test_aiter_triton_refuses_what_does_not_map(triton_device, kw, reason):
     if out.status == "unavailable":
         pytest.skip(out.reason)
     assert out.status == "unsupported" and reason in out.reason, out
+
+
+def _sigmoid_exp2_fp32(x32: np.ndarray) -> np.ndarray:
+    """sigmoid as a GPU Triton kernel computes it: exp(-x) = 2^(fl32(-x log2 e)) (the argument
+    rounded to fp32 once, then an exp2 accurate to fp32), 1 / (1 + e) in fp32."""
+    arg = (-x32.astype(np.float32) * np.float32(np.log2(np.e))).astype(np.float32)
+    e = np.exp2(arg.astype(np.float64)).astype(np.float32)
+    return (np.float32(1) / (np.float32(1) + e)).astype(np.float32)
+
+
+def test_sigmoid_bound_covers_an_exp2_based_exp_and_catches_an_ulp_bias():
+    """Measured on an H100 (fuzz, router_aux_scores_fwd, logits * 512): Triton's ``tl.exp``
+    rounds -x log2 e to fp32 before its exp2, a relative error u |x| in exp(-x) that the old
+    constant (n_e + 3) u bound missed at x = -30.  The bound now carries 2 (1 - s) u |x|
+    (log2 e and the product each rounded to fp32)."""
+    x = np.linspace(-80.0, 80.0, 4001).astype(np.float32)
+    got = _sigmoid_exp2_fp32(x).astype(np.float64)
+    want = ref.sigmoid(x.astype(np.float64))
+    num = Numerics(compute_dtype=torch.float32, exp_ulps=2)
+    tol = want * tier.sigmoid_rel_error(x, num) + 2.0 ** -126
+    assert np.all(np.abs(got - want) <= tol)
+    old = want * 5 * 2.0 ** -24 * (1 + 5 * 2.0 ** -24) + 2.0 ** -126
+    assert np.any(np.abs(got - want) > old)  # the term is needed, not decoration
+    biased = got * (1 + 2.0 ** -15)  # a kernel off by 2^9 ulps everywhere is still caught
+    assert np.any(np.abs(biased - want) > tol)

@@ -27,6 +27,14 @@ pytestmark = pytest.mark.skipif(TRITON.unavailable_reason() is not None,
 DEVICE = "cpu" if INTERPRET else "cuda"
 SPEC = get_spec("grouped_gemm")
 
+
+@pytest.fixture(autouse=True)
+def _tensors_on_the_kernel_device():
+    """The tests build their operands with plain factories: on a GPU they must land there
+    (the compiled kernels refuse host tensors)."""
+    with torch.device(DEVICE):
+        yield
+
 if TRITON.unavailable_reason() is None:
     from tealite.backends.triton import _grouped_kernels as gk
     from tealite.backends.triton import grouped_gemm as tgg

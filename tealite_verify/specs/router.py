@@ -134,8 +134,7 @@ def _grad_bound(x, g, mask, case, *, aux: bool):
 
     def bound(numerics):
         if o["score_function"] == "sigmoid":
-            s = ref.sigmoid(logits)
-            e = tier.sigmoid_bwd_tolerance(gs, s, mask, topk > 1, int(mask.sum(-1).max(
+            e = tier.sigmoid_bwd_tolerance(gs, logits, mask, topk > 1, int(mask.sum(-1).max(
                 initial=1)), numerics)
         elif o["use_pre_softmax"] or aux:
             y = ref.softmax(logits)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from tealite.backends._host_tables import device_table
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends.aiter_triton import BACKEND, DEVICES, INTERPRET, NAME, kernels, why_missing
 from tealite.backends.aiter_triton.gemm import (INTERPRETER_BF16, INTERPRETER_BF16_STORE,
@@ -128,7 +129,8 @@ def _numerics(params) -> dict:
                     check=_why_not, numerics=_numerics)
 def grouped_gemm(a, b, splits, *, layout, out_dtype, bias, out, accumulate):
     del bias, accumulate  # refused by _why_not
-    sizes = torch.tensor(splits, dtype=torch.int32, device=b.device)
+    # cached: a per-call host-to-device copy would make the launch uncapturable in a CUDA graph
+    sizes = device_table(splits, torch.int32, b.device)
     if layout == "NT":
         k_total, n = a.shape
         m = b.shape[1]

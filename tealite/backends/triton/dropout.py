@@ -57,7 +57,10 @@ def _kept(q, p, seed, off_lo, off_hi):
     return tl.uint_to_uniform_float(r) >= p
 
 
-@triton.jit
+# Compiled Triton turns an int argument equal to 1 into a constant (a Python int, which has no
+# ``.to``): an offset of 2**32 + k has off_hi == 1.  The seed and offset words are data, never
+# specialised.
+@triton.jit(do_not_specialize=["seed", "off_lo", "off_hi"])
 def _fwd_kernel(x_ptr, y_ptr, keep_ptr, n, p, scale, seed, off_lo, off_hi,
                 IS_BF16: tl.constexpr, BLOCK: tl.constexpr):
     q, idx = _tile(tl.program_id(0), BLOCK)

@@ -36,11 +36,11 @@ shared for split M, 128 KB for NT; FP8 block 128x128x128: 32 KB) and for gfx942.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 
+from tealite.backends._host_tables import device_table
 from tealite._checks import require
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton import gemm as dense
@@ -85,16 +85,9 @@ def programs(num_tiles: int, device: torch.device) -> int:
 
 
 def _table(values, device) -> torch.Tensor:
-    """``values`` (host ints) as a device int32 table, cached per (values, device): a repeated
-    split reuses the tensor instead of copying it from the host again, which also keeps a
-    launch capturable in a CUDA graph after one eager call (no host-to-device copy while
-    capturing; the table a replay reads stays alive and unchanged)."""
-    return _device_table(tuple(values), str(torch.device(device)))
-
-
-@functools.lru_cache(maxsize=256)
-def _device_table(values: tuple, device: str) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32, device=device)
+    """``values`` (host ints) as a cached device int32 table (capturable after one eager call:
+    backends/_host_tables.py)."""
+    return device_table(values, torch.int32, device)
 
 
 def _span(t: torch.Tensor) -> int:

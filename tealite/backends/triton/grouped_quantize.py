@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tealite.backends._host_tables import device_table
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton import quantize as triton_quantize
 from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
@@ -230,10 +231,9 @@ class _Launch:
         self.k = x.shape[1]
         self.tiles_n = max(1, triton.cdiv(self.k, bn))
         self.grid = (len(tg) * self.tiles_n,)
-        self.table = (torch.tensor(tg, dtype=torch.int32, device=dev),
-                      torch.tensor(tr, dtype=torch.int32, device=dev),
-                      torch.tensor(split_offsets(splits), dtype=torch.int64, device=dev))
-        self.tile_start = torch.tensor(ts, dtype=torch.int32, device=dev)
+        self.table = (device_table(tg, torch.int32, dev), device_table(tr, torch.int32, dev),
+                      device_table(split_offsets(splits), torch.int64, dev))
+        self.tile_start = device_table(ts, torch.int32, dev)
         self.tiles = len(tg)
         self.tile = dict(BM=bm, BN=bn)
 
@@ -313,7 +313,7 @@ def _per_tensor(x, splits, recipe, rowwise, columnwise, dbias, scale):
 
 def _scale_offsets(sizes, dev) -> tuple[torch.Tensor, list[int]]:
     offs = split_offsets(sizes)
-    return torch.tensor(offs[:-1] or [0], dtype=torch.int64, device=dev), list(offs)
+    return device_table(offs[:-1] or [0], torch.int64, dev), list(offs)
 
 
 def _per_block(x, splits, recipe, rowwise, columnwise, dbias):

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tealite.backends._host_tables import device_table
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import load_f32, store_f32
 from tealite.formats import get_format
@@ -56,14 +57,19 @@ def chunk_table(tensors, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
             owner.append(i)
             start.append(s)
     numels = [t.numel() for t in tensors]
-    return (torch.tensor(owner, dtype=torch.int32, device=device),
-            torch.tensor(start, dtype=torch.int64, device=device),
-            torch.tensor(numels, dtype=torch.int64, device=device))
+    return (device_table(owner, torch.int32, device), device_table(start, torch.int64, device),
+            device_table(numels, torch.int64, device))
+
+
+def _params(values, device) -> torch.Tensor:
+    """A kernel's scalar parameters as a cached fp32 device vector (each rounded to fp32 once,
+    as a float kernel argument would be)."""
+    return device_table(values, torch.float32, device)
 
 
 def address_table(tensors, device) -> torch.Tensor:
     """The tensors' data addresses (contiguous storage is required: see _contiguous)."""
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+    return device_table([t.data_ptr() for t in tensors], torch.int64, device)
 
 
 def _contiguous(tensors) -> None:
@@ -177,7 +183,7 @@ def multi_tensor_scale(tensors, scale, *, out_dtype, noop_flag):
         dev = _device(tensors)
         _scale_kernel[(owner.numel(),)](
             owner, first, numels, address_table(tensors, dev), address_table(outs, dev),
-            noop_flag, torch.tensor([scale], dtype=torch.float32, device=dev), X_T=_ELT[tensors[0].dtype],
+            noop_flag, _params([scale], dev), X_T=_ELT[tensors[0].dtype],
             X_BF16=tensors[0].dtype == torch.bfloat16, Y_T=_ELT[out_dtype],
             Y_BF16=out_dtype == torch.bfloat16, CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
     return outs
@@ -237,8 +243,8 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, *, master_p
     w_addr = address_table(master_params, dev) if master_params is not None else p_addr
     _adam_kernel[(owner.numel(),)](
         owner, first, numels, g_addr, p_addr, m_addr, v_addr, w_addr,
-        torch.tensor([options.lr, options.beta1, options.beta2, options.eps,
-                      options.weight_decay, bc1, bc2], dtype=torch.float32, device=dev),
+        _params([options.lr, options.beta1, options.beta2, options.eps, options.weight_decay,
+                 bc1, bc2], dev),
         G_T=_ELT[grads[0].dtype], G_BF16=grads[0].dtype == torch.bfloat16,
         P_T=_ELT[params[0].dtype], P_BF16=params[0].dtype == torch.bfloat16,
         HAS_MASTER=master_params is not None, ADAM_W=int(options.adam_w_mode),
@@ -303,8 +309,7 @@ def multi_tensor_sgd(grads, params, momenta, options, *, model_params, noop_flag
     _sgd_kernel[(owner.numel(),)](
         owner, first, numels, address_table(grads, dev), address_table(params, dev),
         address_table(momenta, dev), address_table(copies, dev),
-        torch.tensor([o.lr, o.momentum, o.dampening, o.weight_decay, o.scale],
-                     dtype=torch.float32, device=dev), noop_flag,
+        _params([o.lr, o.momentum, o.dampening, o.weight_decay, o.scale], dev), noop_flag,
         G_T=_ELT[grads[0].dtype], G_BF16=grads[0].dtype == torch.bfloat16,
         W_T=_ELT[params[0].dtype], W_BF16=params[0].dtype == torch.bfloat16,
         C_T=_ELT[copies[0].dtype], C_BF16=copies[0].dtype == torch.bfloat16,
@@ -349,7 +354,6 @@ def multi_tensor_compute_scale(amaxes, fmt, *, margin, force_pow2, epsilon):
         _compute_scale_kernel[(owner.numel(),)](
             owner, first, numels, address_table(amaxes, dev), address_table(scales, dev),
             address_table(invs, dev),
-            torch.tensor([get_format(fmt).max, 2.0 ** margin, epsilon], dtype=torch.float32,
-                         device=dev),
+            _params([get_format(fmt).max, 2.0 ** margin, epsilon], dev),
             FORCE_POW2=bool(force_pow2), CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
     return scales, invs
