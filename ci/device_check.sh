@@ -5,7 +5,7 @@
 #
 # 1. the differential suite for OPS on the device (Hypothesis $PROFILE, default ci), every
 #    available backend (AITER's Triton kernels where $TEALITE_AITER_PATH points at aiter/);
-# 2. the main job at large shapes for OPS, with the graph-replay check ($REPLAYS, default 2);
+# 2. the main job ($SIZE shapes, default local) for OPS, with the graph-replay check ($REPLAYS, default 2);
 # 3. TESTS: kernel test files that run compiled on CUDA when the interpreter is off;
 # 4. a short differential fuzz of OPS ($FUZZ_MINUTES, default 1; 0 skips it).
 # Each step has its own timeout; logs and JSON go to $OUT (default ./device-out).
@@ -23,10 +23,10 @@ op_args=(); for o in $OPS; do op_args+=(--op "$o"); done
 step() { echo "== $1 ($(date +%T))"; }
 step differential
 TEALITE_VERIFY_DEVICE=cuda HYPOTHESIS_PROFILE=${PROFILE:-ci} timeout "${DIFF_TIMEOUT:-200}" \
-  python3 -m pytest tests/test_differential.py -m differential -q -p no:cacheprovider -x -k "$sel" \
+  python3 -m pytest tests/test_differential.py -m differential -q -p no:cacheprovider -k "$sel" \
   -rfEs 2>&1 | tee "$OUT/pytest_cuda.log" | grep -vE "^(SKIPPED|\.)" | tail -30
 step "run large + graph replay"
-timeout "${RUN_TIMEOUT:-150}" python3 -m tealite_verify run --device cuda --size large \
+timeout "${RUN_TIMEOUT:-150}" python3 -m tealite_verify run --device cuda --size "${SIZE:-local}" \
   --examples "${EXAMPLES:-3}" --graph-replay "${REPLAYS:-2}" "${op_args[@]}" \
   --json "$OUT/run_large.json" 2>&1 | tee "$OUT/run_large.log" | tail -45
 if [ -n "${TESTS:-}" ]; then
