@@ -37,6 +37,10 @@ class Numerics:
     # the weight layout the kernel reads, "plain" or "preshuffled" (AITER's bpreshuffle
     # entry points; informational: the layout itself is checked by the shuffle tier).
     weight_layout: str | None = None
+    # why the call cannot be captured in a CUDA graph (a host synchronization in the entry
+    # point, e.g. sizes read with ``.item()``); the harness's graph-replay check then reports
+    # the reason instead of capturing.  None: capturable (the check captures and replays it).
+    not_capturable: str | None = None
     # a note on how interpreter runs feed the kernel (informational).
     interpreter_input: str | None = None
     # how the kernel computes 1/sqrt: "exact", or an approximate instruction such as

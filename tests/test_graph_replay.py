@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+from tealite.types import Op
 from tealite_verify import graph_replay as gr
 from tealite_verify.cli import main
 from tealite_verify.fuzz.findings import replay
@@ -188,6 +189,26 @@ def test_a_spec_declared_not_capturable_is_noted_not_run():
                                graph_replay=gr.GraphReplayPolicy(False, "host sync"))
     rep = run_case(spec, spec.smoke_cases[0], backends=["torch"], graph_replay=2)
     assert rep.verdict == "pass" and "not capturable (host sync)" in rep.replay_notes[0]
+
+
+def test_a_backend_declared_not_capturable_is_noted_and_the_others_still_run():
+    """AITER's gmm syncs with the host (seen on an H100): its adapter declares
+    ``not_capturable`` with the reason; the check notes it for that backend only."""
+    from tealite import registry
+    from tealite.backends.torch.gemm import gemm as torch_gemm
+    name = "_t_host_sync"
+    backend = registry.Backend(name=name)
+    backend.implements(Op.GEMM, numerics={"not_capturable": "reads sizes with .item()"})(
+        torch_gemm)
+    registry.register_backend(backend)
+    try:
+        spec = dataclasses.replace(get_spec("gemm"),
+                                   call=_aliasing_gemm_call(get_spec("gemm")))
+        rep = run_case(spec, spec.smoke_cases[0], backends=[name, "torch"], graph_replay=2)
+    finally:
+        registry.unregister_backend(name)
+    assert f"graph replay not run for {name}: reads sizes with .item()" in rep.replay_notes
+    assert {f.backend for f in rep.replay_failures} == {"torch"}  # the other is still judged
 
 
 def test_the_cli_takes_graph_replay(capsys):

@@ -47,6 +47,11 @@ from tealite.types import Op
 GMM, PTGMM, NPTGMM = "gmm", "ptgmm", "nptgmm"
 ENTRY_POINTS = (GMM, PTGMM, NPTGMM)
 _INPUTS = (torch.bfloat16, torch.float16)
+# Seen on an H100 (torch 2.11, triton 3.6): capturing gmm in a CUDA graph fails, since the
+# pinned release's wrappers check and size the grid on the host.
+_HOST_SYNC = ("AITER's gmm / ptgmm / nptgmm read group_sizes on the host (.item() in their "
+              "input checks and their grid size, ops/triton/gmm.py of 0.1.7.post2): a "
+              "device-to-host sync, which CUDA graph capture refuses")
 _LAYOUTS = ("TN", "NN", "NT")
 INTERPRETER_CAPS = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GRID_DIM": 4}
 
@@ -118,7 +123,8 @@ def _why_not(params) -> str | None:
 
 
 def _numerics(params) -> dict:
-    num = {"entry_point": entry_point(params), "compute_dtype": torch.float32}
+    num = {"entry_point": entry_point(params), "compute_dtype": torch.float32,
+           "not_capturable": _HOST_SYNC}
     if nvidia(params):
         num["accumulator_unit_roundoff"] = TENSOR_CORE_U
         num["alignment_floor"] = params["dtype"]
