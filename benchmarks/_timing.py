@@ -122,3 +122,38 @@ def gbps(nbytes: int, ms: float) -> float:
 
 def tflops(flops: int, ms: float) -> float:
     return flops / ms / 1e9
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """What one call runs on the device (torch.profiler over a few calls, per call):
+    the kernels' summed busy time and their count; ``table`` the top kernels.  A busy time far
+    below the event-timed median says the device waits on the host (a sync in the front end,
+    launch overhead)."""
+
+    busy_ms: float
+    kernels: float
+    table: str
+
+
+def kernel_profile(fn: Callable[[], object], device: torch.device, calls: int = 3,
+                   rows: int = 8) -> KernelProfile:
+    from torch.profiler import ProfilerActivity, profile
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(_device_us(e) for e in kernels)
+    try:
+        table = prof.key_averages().table(sort_by="device_time_total", row_limit=rows)
+    except (AttributeError, KeyError, ValueError):  # older torch names it cuda_time_total
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows)
+    return KernelProfile(busy_us / 1e3 / calls, len(kernels) / calls, table)
+
+
+def _device_us(event) -> float:
+    """A device event's duration (``device_time`` in torch >= 2.4, ``cuda_time`` before)."""
+    t = getattr(event, "device_time", None)
+    return float(t if t is not None else event.cuda_time)

@@ -227,7 +227,19 @@ class Bench:
         timing = T.device_times(fn, cfg.device, reps=cfg.reps, flush=self.flush)
         self.benchmark.pedantic(T.synced(fn, cfg.device), setup=setup, rounds=cfg.wall_reps,
                                 iterations=1, warmup_rounds=0)
+        if os.environ.get("TEALITE_BENCH_PROFILE"):
+            self._profile(fn)
         return timing
+
+    def _profile(self, fn) -> None:
+        """$TEALITE_BENCH_PROFILE=FILE: the row's kernels per call and their busy time into
+        extra_info, the top-kernel table appended to FILE (where a row's time goes)."""
+        prof = T.kernel_profile(fn, self.cfg.device)
+        self.benchmark.extra_info.update(kernel_busy_ms=prof.busy_ms,
+                                         kernels_per_call=prof.kernels)
+        with open(os.environ["TEALITE_BENCH_PROFILE"], "a") as f:
+            f.write(f"\n=== {self.benchmark.name}: {prof.kernels:.0f} kernels, "
+                    f"{prof.busy_ms:.4f} ms busy per call\n{prof.table}\n")
 
 
 @pytest.fixture

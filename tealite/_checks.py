@@ -75,3 +75,10 @@ def check_finite_number(name: str, value, *, positive: bool = False) -> float:
     if positive:
         require(value > 0, f"{name} must be > 0, got {value}")
     return value
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """Whether ``t``'s device stream is being captured into a CUDA graph: a check that reads
+    tensor values back to the host (a device sync) is illegal there, so value checks are
+    skipped while capturing (the eager call before a capture has run them)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()

@@ -42,7 +42,7 @@ import torch
 
 import tealite.recipes as R
 import tealite.registry as registry
-from tealite._checks import FLOAT_DTYPES, check_same_device, check_tensor, require
+from tealite._checks import FLOAT_DTYPES, capturing, check_same_device, check_tensor, require
 from tealite.moe_types import (MapType, RowIdMap, check_splits, padded_splits, slot_experts,
                                split_offsets)
 from tealite.types import Op, QuantizedTensor
@@ -182,8 +182,8 @@ def _check_routing(routing, map_type: MapType, num_tokens: int, num_experts) -> 
             f"indices must have one row per token ({num_tokens}), got shape "
             f"{tuple(routing.shape)}")
     num_experts = _int("num_experts", num_experts, 1)
-    if routing.numel():
-        lo, hi = int(routing.min()), int(routing.max())
+    if routing.numel() and not capturing(routing):
+        lo, hi = (int(v) for v in torch.aminmax(routing))  # one kernel, one read-back
         require(0 <= lo and hi < num_experts,
                 f"indices must lie in [0, num_experts = {num_experts}), got values in "
                 f"[{lo}, {hi}]")
