@@ -251,3 +251,17 @@ def test_benchmark_operands_are_read_in_place():
     assert tgg._stack_groups([w[0], w[1], w[2]]).data_ptr() == w.data_ptr()
     copied = tgg._stack_groups([w[0], w[2]])
     assert copied.data_ptr() != w.data_ptr() and torch.equal(copied, w[[0, 2]])
+
+
+def test_adjacent_separate_allocations_are_copied_not_viewed():
+    """Two storages that happen to lie back to back (CUDA's caching allocator does this; here
+    two buffers cut from one bytearray) must not be viewed as one: the view would run past
+    the first storage's end (an H100 run of this file raised exactly that)."""
+    buf = bytearray(2 * 6 * 4 * 4)
+    a = torch.frombuffer(buf, dtype=torch.float32, count=24).view(6, 4)
+    b = torch.frombuffer(buf, dtype=torch.float32, count=24, offset=96).view(6, 4)
+    assert b.data_ptr() == a.data_ptr() + 96  # adjacent, yet two storages
+    a.copy_(torch.arange(24.0).view(6, 4))
+    b.copy_(-torch.arange(24.0).view(6, 4))
+    assert torch.equal(tgg._rows_of([a, b]), torch.cat([a, b]))
+    assert torch.equal(tgg._stack_groups([a, b]), torch.stack([a, b]))

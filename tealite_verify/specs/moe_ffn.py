@@ -69,8 +69,9 @@ def reference(inputs, case):
     dt = ml.LayerCase(**{k: v for k, v in case.items() if k != "slot_order"}).torch_dtype
 
     def bound(numerics):
-        return bounds(r, x, None, w1, w2, dy, case["topk"], numerics_of(dt, numerics.moe_merge),
-                      probs_given=True)["y"]
+        num = numerics_of(dt, numerics.moe_merge,
+                          input_rounding=numerics.matmul_input_rounding)
+        return bounds(r, x, None, w1, w2, dy, case["topk"], num, probs_given=True)["y"]
     return {"y": Expected(r["y"], dt, Tier.MOE_LAYER, bound=bound)}
 
 

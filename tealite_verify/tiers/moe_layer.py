@@ -19,7 +19,9 @@ rnd(v) = u_io M(v) + the dtype's smallest normal):
   and a division: E_p = (2 ((exp_ulps + 1) + max|d|) u_c + γ_k + u_c) p + rnd(p).
 * permute: exact copies (E_xp = 0); unpermute without probs: sums of k rows, γ_k.
 * grouped GEMM, K terms: propagated E_A |B| + |A| E_B (the linear map, exact); own
-  γ_K M(A) M(B) (Higham, fp32 accumulation) + rnd(out).  Split-K wgrad has K = the group's
+  γ_K M(A) M(B) (Higham, fp32 accumulation) + rnd(out); operands rounded before the
+  products (TF32: Triton's fp32 ``tl.dot`` on NVIDIA, declared ``matmul_input_rounding``) add
+  2 u_in M(A) M(B), as the GEMM tier does.  Split-K wgrad has K = the group's
   rows m_e.
 * swiglu a = silu(g) v: |silu'| <= 1.1 so |Δa| <= 1.1 E_g M(v) + |silu(g)| E_v; own
   (exp_ulps + 4) u_c M(a) + rnd.  Backward dg = da v silu'(g), dv = da silu(g), |silu''| <=
@@ -70,36 +72,40 @@ class LayerNumerics:
     # before a token's rows are summed; and may sum them in the dtype itself (atomic adds).
     weighted_rows_rounded: bool = False
     merge_in_io_dtype: bool = False
+    # unit roundoff of the GEMM operands' rounding before the products (0: exact products)
+    input_u: float = 0.0
 
 
 _rnd = rounding  # one idiom for a stored intermediate's rounding (tiers/chain.py)
 
 
-def _gemm(e_in, m_in, w_abs, k: int, u: float, out_mag, dtype, grouped):
-    """Propagated E_in through |w| plus the GEMM's own γ_K bound and its output rounding;
-    ``grouped(a, w)`` applies the per-row expert weights."""
+def _gemm(e_in, m_in, w_abs, k: int, u: float, out_mag, dtype, grouped, u_in: float = 0.0):
+    """Propagated E_in through |w| plus the GEMM's own γ_K (+ 2 u_in) bound and its output
+    rounding; ``grouped(a, w)`` applies the per-row expert weights."""
     prop = grouped(e_in, w_abs)
-    own = gamma(k, u) * grouped(m_in, w_abs)
+    own = (gamma(k, u) + 2 * u_in) * grouped(m_in, w_abs)
     return prop + own + _rnd(out_mag + prop + own, dtype)
 
 
-def _wgrad(e_d, m_d, e_a, m_a, experts, groups, u, dtype, d_abs, a_abs):
+def _wgrad(e_d, m_d, e_a, m_a, experts, groups, u, dtype, d_abs, a_abs, u_in: float = 0.0):
     """E of out[e] = d[rows]^T a[rows] (K = the group's row count)."""
     prop = ref.grouped_nt(e_d, m_a, experts, groups) + ref.grouped_nt(d_abs, e_a, experts,
                                                                         groups)
     own = np.zeros_like(prop)
     for e in range(groups):
         sel = experts == e
-        own[e] = gamma(max(int(sel.sum()), 1), u) * (m_d[sel].T @ m_a[sel])
+        own[e] = (gamma(max(int(sel.sum()), 1), u) + 2 * u_in) * (m_d[sel].T @ m_a[sel])
     exact = np.abs(ref.grouped_nt(d_abs, a_abs, experts, groups))  # >= |out| (a magnitude)
     return prop + own + _rnd(exact + prop + own, dtype)
 
 
-def numerics_of(io_dtype, merge=None, probs_dtype=torch.float32) -> LayerNumerics:
+def numerics_of(io_dtype, merge=None, probs_dtype=torch.float32,
+                input_rounding: str | None = None) -> LayerNumerics:
     """The layer numerics of a backend declaring ``numerics.moe_merge`` = ``merge`` (a
-    tealite.moe_types.MoEMerge value or None)."""
+    tealite.moe_types.MoEMerge value or None) and ``matmul_input_rounding``."""
     merge = None if merge is None else str(merge)
     return LayerNumerics(io_dtype, probs_dtype=probs_dtype,
+                         input_u=unit_roundoff(input_rounding) if input_rounding else 0.0,
                          weighted_rows_rounded=merge in ("rows_rounded",
                                                          "rows_rounded_dtype_sum"),
                          merge_in_io_dtype=merge == "rows_rounded_dtype_sum")
@@ -133,7 +139,7 @@ def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics, *,
     # fc1 (inputs exact), activation, fc2
     xp = np.abs(r["xp"])
     h1 = r["h1"]
-    e_h1 = _gemm(np.zeros_like(xp), xp, w1a, x.shape[1], u, np.abs(h1), io, tn)
+    e_h1 = _gemm(np.zeros_like(xp), xp, w1a, x.shape[1], u, np.abs(h1), io, tn, num.input_u)
     f = h1.shape[1] // 2
     g, v, e_g, e_v = h1[:, :f], h1[:, f:], e_h1[:, :f], e_h1[:, f:]
     s = np.abs(g / (1 + np.exp(-g)))
@@ -143,7 +149,7 @@ def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics, *,
     e_a = prop_a + (num.exp_ulps + 4) * u * m_a0 + _rnd(m_a0, io)
     m_a = np.abs(a) + e_a
     h2 = r["h2"]
-    e_h2 = _gemm(e_a, m_a, w2a, f, u, np.abs(h2), io, tn)
+    e_h2 = _gemm(e_a, m_a, w2a, f, u, np.abs(h2), io, tn, num.input_u)
     m_h2 = np.abs(h2) + e_h2
     y_prop = ref.unpermute(e_pr[:, None] * m_h2 + pr[:, None] * e_h2, rt, None, tokens)
     terms = ref.unpermute((pr + e_pr)[:, None] * m_h2, rt, None, tokens)
@@ -165,8 +171,10 @@ def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics, *,
     e_dp[rt.tokens, ex] = dp_rows_prop + dp_rows_own + _rnd(
         np.abs(r["dprobs"][rt.tokens, ex]) + dp_rows_prop + dp_rows_own, pdt)
     da = r["da"]
-    e_da = _gemm(e_dh2, m_dh2, np.swapaxes(w2a, 1, 2), w2.shape[1], u, np.abs(da), io, tn)
-    e_dw2 = _wgrad(e_dh2, m_dh2, e_a, m_a, ex, groups, u, io, np.abs(dh2), np.abs(a))
+    e_da = _gemm(e_dh2, m_dh2, np.swapaxes(w2a, 1, 2), w2.shape[1], u, np.abs(da), io, tn,
+                 num.input_u)
+    e_dw2 = _wgrad(e_dh2, m_dh2, e_a, m_a, ex, groups, u, io, np.abs(dh2), np.abs(a),
+                   num.input_u)
     dam = np.abs(da)
     sig = 1 / (1 + np.exp(-g))
     dsilu = np.abs(sig * (1 + g * (1 - sig)))
@@ -180,8 +188,10 @@ def bounds(r: dict, x, logits, w1, w2, dy, topk: int, num: LayerNumerics, *,
         prop_dv + (num.exp_ulps + 8) * u * m_dv0 + _rnd(m_dv0, io)], axis=1)
     dh1 = r["dh1"]
     m_dh1 = np.abs(dh1) + e_dh1
-    e_dxp = _gemm(e_dh1, m_dh1, np.swapaxes(w1a, 1, 2), 2 * f, u, np.abs(r["dxp"]), io, tn)
-    e_dw1 = _wgrad(e_dh1, m_dh1, np.zeros_like(xp), xp, ex, groups, u, io, np.abs(dh1), xp)
+    e_dxp = _gemm(e_dh1, m_dh1, np.swapaxes(w1a, 1, 2), 2 * f, u, np.abs(r["dxp"]), io, tn,
+                  num.input_u)
+    e_dw1 = _wgrad(e_dh1, m_dh1, np.zeros_like(xp), xp, ex, groups, u, io, np.abs(dh1), xp,
+                   num.input_u)
     m_dxp = np.abs(r["dxp"]) + e_dxp
     dx_prop = ref.unpermute(e_dxp, rt, None, tokens)
     dx_own = gamma(topk, u) * ref.unpermute(m_dxp, rt, None, tokens)

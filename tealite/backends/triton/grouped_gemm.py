@@ -271,7 +271,7 @@ def _rows_of(parts: list[torch.Tensor]) -> torch.Tensor:
     """The groups' row blocks as one tensor: a view when they already lie back to back in one
     storage (the usual case: one activation tensor cut by m_splits), else a copy."""
     live = [t for t in parts if t.numel()]
-    if live and all(t.is_contiguous() for t in live) and all(
+    if live and _one_storage(live) and all(t.is_contiguous() for t in live) and all(
             nxt.data_ptr() == cur.data_ptr() + cur.numel() * cur.element_size()
             for cur, nxt in zip(live, live[1:])):
         rows = sum(t.shape[0] for t in live)
@@ -279,12 +279,21 @@ def _rows_of(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def _one_storage(parts: list[torch.Tensor]) -> bool:
+    """Back-to-back addresses are not enough for a view: separate allocations can be adjacent
+    (CUDA's caching allocator hands out consecutive blocks of one segment: seen on an H100,
+    where the view of the first tensor's storage then ran past its end)."""
+    base = parts[0].untyped_storage().data_ptr()
+    return all(t.untyped_storage().data_ptr() == base for t in parts)
+
+
 def _stack_groups(parts: list[torch.Tensor]) -> torch.Tensor:
     """Per-group weights (codes or scales) as one (G, ...) tensor: a view when they are the
     slices of one stacked tensor, else a copy."""
     first = parts[0]
     step = first.numel() * first.element_size()
-    if all(t.is_contiguous() and t.shape == first.shape for t in parts) and all(
+    if _one_storage(parts) and all(t.is_contiguous() and t.shape == first.shape
+                                   for t in parts) and all(
             t.data_ptr() == first.data_ptr() + g * step for g, t in enumerate(parts)):
         return first.as_strided((len(parts), *first.shape), (first.numel(), *first.stride()))
     return torch.stack(parts)
