@@ -32,8 +32,8 @@ th{background:#f3f3f3}
 td.ran{background:#d8f0d8}td.fail{background:#f6c6c6}td.unsupported{background:#f4ecc8}
 td.unavailable{background:#e4e4e4;color:#666}td.none{color:#aaa}
 tr.fail td,tr.error td,tr.mismatch td,tr.crash td,tr.hang td{background:#fbe3e3}
-pre{white-space:pre-wrap;word-break:break-all;font-size:.8em;background:#f7f7f7;margin:0;
-padding:2px 4px}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:.8em;background:#f7f7f7;margin:0;
+padding:2px 4px;max-width:60em}
 img{max-width:100%;border:1px solid #eee}
 .note{color:#555;font-size:.9em}nav a{margin-right:1em}
 """
@@ -44,7 +44,7 @@ def _e(x) -> str:
 
 
 def _ratio(r: float) -> str:
-    return "nan" if math.isnan(r) else "inf" if math.isinf(r) else f"{r:.3g}"
+    return "nan" if math.isnan(r) else "inf" if math.isinf(r) else f"{r:.4g}"
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -132,8 +132,9 @@ def gemm_k(d: ReportData) -> str:
                      "per-case worst element)")
     return (_img(plots.k_png(d.k_points), "GEMM error vs K")
             + _note("Per case and backend, the element with the largest err/tol: its |error| "
-                    "against the float64 reference (filled) and the gemm tier's bound at that "
-                    "element (hollow). Errors at 1e-12 are exact."))
+                    "against the float64 reference (filled; a cross when beyond the bound) and "
+                    "the gemm tier's bound at that element (hollow). Errors drawn at 1e-12 are "
+                    "exact."))
 
 
 def ulp(d: ReportData) -> str:

@@ -68,29 +68,35 @@ def _grouped(points, key) -> dict:
 
 def k_png(points: list[KPoint]) -> bytes:
     """One panel per GEMM-tier op: for each case and backend, the worst element's |error|
-    (filled) and the tier's bound at that element (hollow), joined by a faint segment,
-    against K, log-log."""
+    (filled dot; a cross where it is beyond the bound) and the tier's bound at that element
+    (hollow), joined by a faint segment, against K, log-log."""
     by_op = _grouped(points, lambda p: p.op)
-    fig = Figure(figsize=(5.0 * min(3, len(by_op)), 3.8 * math.ceil(len(by_op) / 3)))
+    ncols = min(2, len(by_op))
+    nrows = math.ceil(len(by_op) / ncols)
+    fig = Figure(figsize=(7.5 * ncols, 4.5 * nrows))
+    floor = 1e-12  # an exact element (err 0) is drawn at the floor, not dropped
     for i, (op, pts) in enumerate(by_op.items()):
-        ax = fig.add_subplot(math.ceil(len(by_op) / 3), min(3, len(by_op)), i + 1)
+        ax = fig.add_subplot(nrows, ncols, i + 1)
         for j, (backend, bp) in enumerate(_grouped(pts, lambda p: p.backend).items()):
             colour = f"C{j % 10}"
-            k = [p.k for p in bp]
-            floor = 1e-12  # an exact element (err 0) drawn at the floor, not dropped
-            ax.scatter(k, [max(p.err, floor) for p in bp], color=colour, s=14,
-                       label=f"{backend}: |err|")
-            ax.scatter(k, [max(p.bound, floor) for p in bp], facecolors="none",
-                       edgecolors=colour, s=22, label=f"{backend}: bound")
+            err = np.maximum([p.err for p in bp], floor)
+            bound = np.maximum([p.bound for p in bp], floor)
+            k = np.array([p.k for p in bp])
+            over = err > bound
+            ax.scatter(k[~over], err[~over], color=colour, s=14, label=f"{backend}: |err|")
+            if over.any():
+                ax.scatter(k[over], err[over], color=colour, marker="x", s=40,
+                           label=f"{backend}: |err| beyond the bound")
+            ax.scatter(k, bound, facecolors="none", edgecolors=colour, s=22,
+                       label=f"{backend}: bound")
             # each error joined to its own bound: a segment reaching up is headroom
-            ax.vlines(k, [max(p.err, floor) for p in bp], [max(p.bound, floor) for p in bp],
-                      colors=colour, linewidths=0.6, alpha=0.35)
+            ax.vlines(k, err, bound, colors=colour, linewidths=0.6, alpha=0.35)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(op, fontsize=10)
         ax.set_xlabel("K (reduction length)")
-        ax.set_ylabel("worst element")
-        ax.legend(fontsize=7)
+        ax.set_ylabel("worst element: |error| and bound")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return _png(fig)
 
