@@ -160,3 +160,31 @@ def test_fuzz_page_lists_findings_with_their_replay():
     coverage = {c[0]: c[1:] for _, c in rows_of(text, "coverage") if c}
     assert coverage["gemm"] == ["3 unsupported", "3 ran", "3 ran, 1 failed"]
     assert "a note" in text
+
+
+def test_fuzz_html_is_written_from_a_campaign(tmp_path):
+    """``fuzz --html``'s call, on a campaign whose workers never started (no process)."""
+    from tealite_verify.fuzz.supervisor import Campaign, FuzzConfig
+    from tealite_verify.report.write import write_fuzz
+    cfg = FuzzConfig(ops=["gemm"], backends=["torch"], dtypes=None, recipe=None, seconds=1.0,
+                     corpus=str(tmp_path / "corpus"))
+    campaign = Campaign(cfg, [], ["planner note"])
+    campaign.stats.add_case({"op": "gemm", "verdict": "pass",
+                             "backends": {"torch": {"status": "ok", "ratio": 0.25}}})
+    text = write_fuzz(tmp_path / "f.html", campaign).read_text()
+    assert outside_references(text) == [] and len(image_payloads(text)) == 1
+    assert "planner note" in text and "tealite_verify fuzz" in text
+    versions = {c[0]: c[1] for _, c in rows_of(text, "versions") if c}
+    assert versions["torch"] == torch.__version__  # collected here: no worker said hello
+
+
+def test_html_without_matplotlib_is_refused_before_the_run(monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--op", "gemm", "--html", "report.html"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--html" in err and "needs matplotlib" in err and "tealite[report]" in err

@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 from tealite_verify.fuzz import versions as version_info
+from tealite_verify.fuzz.supervisor import Campaign
 from tealite_verify.report import extract, fuzz, page
 from tealite_verify.runner import CaseReport
 
@@ -22,8 +23,8 @@ def write_run(path, reports: list[CaseReport], *, device: str, settings: dict) -
     return _write(path, page.render(data))
 
 
-def write_fuzz(path, campaign) -> Path:
-    """The page of a finished ``fuzz`` campaign (a ``fuzz.supervisor.Campaign``)."""
+def write_fuzz(path, campaign: Campaign) -> Path:
+    """The page of a finished ``fuzz`` campaign."""
     cfg = campaign.cfg
     info = campaign.versions or version_info.collect(with_cuda=cfg.device == "cuda")
     settings = {k: v for k, v in cfg.to_json().items() if k not in ("json_path", "verbose")}
