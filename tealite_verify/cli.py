@@ -30,6 +30,7 @@ from tealite_verify import coverage, profiles, suite
 from tealite_verify.tables import table
 from tealite_verify.gate import cli as gate_cli
 from tealite_verify.mutate import cli as mutate_cli
+from tealite_verify.report import html_path
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import SIZES, all_specs, get_spec
 
@@ -281,6 +282,10 @@ def cmd_run(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.to_dict() for r in reports], f, indent=1, default=str)
+    if args.html:
+        from tealite_verify.report.write import write_run
+        path = write_run(args.html, reports, device=args.device, settings=vars(args))
+        print(f"report: {path}")
     return 1 if failed or (args.fail_on_suspicious and suspicious) else 0
 
 
@@ -341,6 +346,9 @@ def cmd_fuzz(args) -> int:
              if p_case is not None else ""), file=sys.stderr)
     campaign = Campaign(cfg, targets, notes)
     rc = campaign.run()
+    if args.html:
+        from tealite_verify.report.write import write_fuzz
+        print(f"report: {write_fuzz(args.html, campaign)}", file=sys.stderr)
     if rc == 0 and args.fail_on_suspicious and campaign.stats.suspicious_cases:
         print(f"{campaign.stats.suspicious_cases} suspicious case(s) (--fail-on-suspicious)",
               file=sys.stderr)
@@ -461,6 +469,8 @@ def _add_fuzz_parser(sub) -> None:
                                     "./findings)")
     z.add_argument("--json", help="write the JSON report here")
     z.add_argument("--markdown", help="write a Markdown summary (PR comment) here")
+    z.add_argument("--html", type=html_path,
+                   help="write a self-contained HTML report here (docs/report.md)")
     z.add_argument("--case-timeout", type=float, default=60.0,
                    help="seconds one case may take before it is a hang (default 60)")
     z.add_argument("--size", choices=SIZES, default="ci", help="shape budget")
@@ -502,6 +512,8 @@ def main(argv=None) -> int:
     r.add_argument("--size", choices=SIZES, default="ci", help="shape budget")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", help="write every case report here")
+    r.add_argument("--html", type=html_path,
+                   help="write a self-contained HTML report here (docs/report.md)")
     _add_probabilistic_args(r)
     _add_graph_replay_arg(r)
     q = sub.add_parser("repro", help="re-run one case with full metrics")

@@ -14,6 +14,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from tealite_verify.report.model import Headroom
+
 
 @dataclass
 class OpBackend:
@@ -29,6 +31,8 @@ class OpBackend:
     max_prob_ratio: float = 0.0
     max_fa_ratio: float = 0.0
     prob_hist: collections.Counter = field(default_factory=collections.Counter)
+    # err/tol of every case it ran, binned (the HTML report's headroom histogram)
+    headroom: Headroom = field(default_factory=Headroom)
 
 
 # Upper edges of the prob err/bound histogram buckets (a bucket is "<= edge").
@@ -70,6 +74,7 @@ class Stats:
             if status == "ok":
                 cell.cases += 1
                 cell.max_ratio = max(cell.max_ratio, float(st.get("ratio") or 0.0))
+                cell.headroom.add(float(st.get("ratio") or 0.0))
                 if st.get("prob_ratio") is not None:
                     self._add_probabilistic(cell, st)
             elif status == "error":
