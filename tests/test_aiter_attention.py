@@ -162,6 +162,27 @@ def test_backward_with_head_dim_24(at):
                                      max_seqlen_q=8, max_seqlen_k=8, dropout_p=0.0)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "AITER 0.1.7's flash_attn_onekernel_backward: the non-causal dq loop (_bwd_dq_inner) masks "
+    "K's loads past seqlen_k to 0 but not p, so a key slot past the end gets p = exp(0 - lse); "
+    "for a row whose logits are all very negative (lse < -11 in fp16, < -88 in fp32) that "
+    "overflows, dS = p (dP - D) is inf and dq += dS K^T gives inf * 0 = NaN (found by fuzz on an "
+    "H100, reproduced in the interpreter)"))
+def test_backward_dq_is_finite_when_every_logit_is_very_negative(at):
+    g = torch.Generator().manual_seed(2)
+    k0 = torch.randn(1, 1, 1, 16, generator=g)
+    k = torch.cat([k0, 0.5 * k0], dim=1)                 # seqlen_k = 2, below the key block
+    q = (-8.0 * k0.expand(1, 4, 1, 16)).contiguous()     # every q . k <= -4 |k0|^2 << 0
+    q, k, v = q.half(), k.half(), torch.randn(1, 2, 1, 16, generator=g).half()
+    out, lse = at.flash_attn_func(q, k, v, return_lse=True)
+    assert float(lse.max()) < -11  # the precondition: exp(-lse) overflows fp16
+    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
+    at.flash_attn_onekernel_backward(torch.ones_like(out), q, k, v, out, lse, dq, dk, dv, None,
+                                     0.25, None, False, None, None, max_seqlen_q=4,
+                                     max_seqlen_k=2, dropout_p=0.0)
+    assert torch.isfinite(dq).all(), dq
+
+
 # ---- FP8 attention (the recipe) ------------------------------------------------------------
 
 FP8_CASES = (fp8spec.make_case("bshd", "none", "float32", d_qk=16, d_v=16),
