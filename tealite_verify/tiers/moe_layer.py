@@ -21,8 +21,8 @@ rnd(v) = u_io M(v) + the dtype's smallest normal):
 * grouped GEMM, K terms: propagated E_A |B| + |A| E_B (the linear map, exact); own
   γ_K M(A) M(B) (Higham, fp32 accumulation) + rnd(out); operands rounded before the
   products (TF32: Triton's fp32 ``tl.dot`` on NVIDIA, declared ``matmul_input_rounding``) add
-  2 u_in M(A) M(B), as the GEMM tier does.  Split-K wgrad has K = the group's
-  rows m_e.
+  2 u_in M(A) M(B), u_in = 2^-10 (twice TF32's unit roundoff: the MMA may truncate).
+  Split-K wgrad has K = the group's rows m_e.
 * swiglu a = silu(g) v: |silu'| <= 1.1 so |Δa| <= 1.1 E_g M(v) + |silu(g)| E_v; own
   (exp_ulps + 4) u_c M(a) + rnd.  Backward dg = da v silu'(g), dv = da silu(g), |silu''| <=
   0.5: E_dg <= 1.1 (E_da M(v) + |da| E_v) + 0.5 |da| |v| E_g, E_dv <= E_da (|silu(g)| +
@@ -105,7 +105,10 @@ def numerics_of(io_dtype, merge=None, probs_dtype=torch.float32,
     tealite.moe_types.MoEMerge value or None) and ``matmul_input_rounding``."""
     merge = None if merge is None else str(merge)
     return LayerNumerics(io_dtype, probs_dtype=probs_dtype,
-                         input_u=unit_roundoff(input_rounding) if input_rounding else 0.0,
+                         # twice the format's unit roundoff: an MMA fed fp32 registers (Triton
+                         # on NVIDIA) truncates to TF32 rather than rounding (an H100 fp32 case
+                         # was 1.07 times the round-to-nearest bound)
+                         input_u=2 * unit_roundoff(input_rounding) if input_rounding else 0.0,
                          weighted_rows_rounded=merge in ("rows_rounded",
                                                          "rows_rounded_dtype_sum"),
                          merge_in_io_dtype=merge == "rows_rounded_dtype_sum")

@@ -150,6 +150,12 @@ def _efficient_reason(p) -> str | None:
                 "GQA: the dK / dV sums over a group would be computed outside the kernel)")
     if _windowed(p):
         return "the memory-efficient kernel has no sliding window here"
+    align = 4 if p["dtype"] == torch.float32 else 8
+    if p["head_dim_qk"] % align or p["head_dim_v"] % align:
+        # seen on an H100 (d_qk 12, fp16): "cutlassF: no kernel found to launch"; torch's own
+        # SDPA front-end pads for it, this adapter calls the kernel directly
+        return (f"the memory-efficient kernel needs head dims divisible by {align} for "
+                f"{p['dtype']} (got {p['head_dim_qk']}/{p['head_dim_v']})")
     if p["alibi"]:
         return "the memory-efficient kernel takes no ALiBi slopes (a bias tensor only)"
     if p["bias"] and p.get("bias_dtype", p["dtype"]) != p["dtype"]:
