@@ -88,8 +88,9 @@ def _refuse_orphan_options(config) -> None:
                                      ("--tealite-findings", "tealite_findings"))
              if config.getoption(dest)]
     if given:
-        raise pytest.UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --tealite-backend NAME (the backend "
-                                f"to run tealite's differential suite against)")
+        verb = "needs" if len(given) == 1 else "need"
+        raise pytest.UsageError(f"{', '.join(given)} {verb} --tealite-backend NAME (the "
+                                f"backend to run tealite's differential suite against)")
 
 
 def _selection(config) -> Selection:
