@@ -157,7 +157,7 @@ def pytest_report_header(config):
         (", ".join(sel.peers) or "the reference only")
     from tealite_verify import profiles
     return [f"tealite: differential suite for {', '.join(sel.backends)} on {sel.device} "
-            f"(profile {profiles.active_profile()!r}, size {profiles.shape_size()!r}; peers: "
+            f"(the Hypothesis profile's shape size {profiles.shape_size()!r}; peers: "
             f"{peers}); findings replayed from {sel.findings or 'nowhere'}"]
 
 
