@@ -186,8 +186,10 @@ class TealiteSuite(pytest.Collector):
             b = registry.get_backend(backend)
             out += [FindingItem.from_parent(self, name=f"finding[{backend}-{path.stem}]",
                                             finding=path, backend=backend, sel=sel)
-                    for path, op in _stored(sel.findings)
-                    if op in specs and specs[op].implemented_by(b)]
+                    for path, f in _stored(sel.findings)
+                    if f.op in specs and specs[f.op].implemented_by(b)
+                    and (not sel.ops or f.op in sel.ops)
+                    and (not sel.dtypes or f.dtype in sel.dtypes)]
         for backend in sel.backends:
             b = registry.get_backend(backend)
             for op, spec in specs.items():
@@ -201,11 +203,10 @@ class TealiteSuite(pytest.Collector):
         return out
 
 
-def _stored(root: Path | None) -> list[tuple[Path, str]]:
+def _stored(root: Path | None) -> list:
+    """(path, Finding) of every finding stored in ``root`` (none when None)."""
     from tealite_verify.fuzz import findings as fz
-    if root is None:
-        return []
-    return [(path, f.op) for path, f in fz.Corpus(root).all()]
+    return fz.Corpus(root).all() if root is not None else []
 
 
 class _TealiteItem(pytest.Item):
