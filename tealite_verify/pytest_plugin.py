@@ -155,10 +155,13 @@ def pytest_report_header(config):
         return None
     peers = "every available backend" if sel.peers is None else \
         (", ".join(sel.peers) or "the reference only")
+    from tealite import registry
     from tealite_verify import profiles
+    # A peer plug-in that failed to import is not compared with: say so where it shows.
     return [f"tealite: differential suite for {', '.join(sel.backends)} on {sel.device} "
             f"(the Hypothesis profile's shape size {profiles.shape_size()!r}; peers: "
-            f"{peers}); findings replayed from {sel.findings or 'nowhere'}"]
+            f"{peers}); findings replayed from {sel.findings or 'nowhere'}"] + \
+        [f"tealite: plug-in failed to load: {e}" for e in registry.plugin_load_errors()]
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m / -k deselect: they must see these items
