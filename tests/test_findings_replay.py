@@ -7,19 +7,17 @@ is present and passes once it is fixed.  tests/conftest.py moves these tests to 
 
 Mismatch and error findings replay in this process through ``findings.replay``; crash and
 hang findings replay in a subprocess (``python -m tealite_verify replay``) so a finding that
-still kills or wedges its process fails this test instead of ending the run.
+still kills or wedges its process fails this test instead of ending the run (both helpers are
+in tealite_verify/differential.py, shared with the pytest plug-in's findings replay).
 """
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from tealite import registry
+from tealite_verify import differential
 from tealite_verify.fuzz import findings as fz
 
 pytestmark = pytest.mark.differential
@@ -42,43 +40,17 @@ def _stored() -> list:
     return [pytest.param(path, id=path.stem) for path, _ in stored]
 
 
-def _skip_reason(f: fz.Finding) -> str | None:
-    if str(f.device).startswith("cuda") and not torch.cuda.is_available():
-        return f"finding was recorded on {f.device}; no CUDA device here"
-    fz._ensure_backends(f.backends, f.versions)
-    missing = [b for b in f.backends if b not in registry.backends()]
-    if missing:
-        mods = f.versions.get("backend_modules") or "none recorded"
-        return f"backend(s) {missing} not registered here (plugin modules: {mods})"
-    return None
-
-
-def _replay_out_of_process(path: Path, f: fz.Finding) -> None:
-    env = dict(os.environ)
-    if f.versions.get("backend_modules") and not env.get(registry.PLUGIN_ENV_VAR):
-        env[registry.PLUGIN_ENV_VAR] = f.versions["backend_modules"]
-    cmd = [sys.executable, "-m", "tealite_verify", "replay", str(path)]
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=OUT_OF_PROCESS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{f.kind} finding {path.name} still reproduces: replay did not finish "
-                    f"in {OUT_OF_PROCESS_TIMEOUT:g} s\n{f.detail}\nrepro: {f.repro}")
-    if r.returncode != 0:
-        status = (f"killed by signal {-r.returncode}" if r.returncode < 0
-                  else f"exit status {r.returncode}")
-        pytest.fail(f"{f.kind} finding {path.name} still reproduces ({status}):\n"
-                    f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}\nrepro: {f.repro}")
-
-
 @pytest.mark.parametrize("path", _stored())
 def test_stored_finding_no_longer_reproduces(path):
     f = fz.load_finding(path)
-    reason = _skip_reason(f)
+    reason = differential.finding_skip_reason(f)
     if reason:
         pytest.skip(reason)
     if f.kind in ("crash", "hang"):
-        _replay_out_of_process(path, f)
+        verdict = differential.replay_out_of_process(path, f, timeout=OUT_OF_PROCESS_TIMEOUT,
+                                                     cwd=ROOT)
+        if verdict.status is differential.Status.FAIL:
+            pytest.fail(verdict.message)
         return
     rep = fz.replay(f)
     if rep.verdict == "skip":
