@@ -150,6 +150,11 @@ def _efficient_reason(p) -> str | None:
                 "GQA: the dK / dV sums over a group would be computed outside the kernel)")
     if _windowed(p):
         return "the memory-efficient kernel has no sliding window here"
+    if p["mask"] in BOTTOM_RIGHT_MASKS and p["seqlen_q"] > p["seqlen_kv"]:
+        # seen on an H100 (fp32, s_q 23, s_kv 12): rows that see no key got non-zero output
+        # and rows that do a different LSE than the bottom-right contract's
+        return ("the memory-efficient kernel's bottom-right causal mask disagrees with the "
+                "contract when s_q > s_kv (rows that see no key, and the alignment)")
     align = 4 if p["dtype"] == torch.float32 else 8
     if p["head_dim_qk"] % align or p["head_dim_v"] % align:
         # seen on an H100 (d_qk 12, fp16): "cutlassF: no kernel found to launch"; torch's own
