@@ -53,6 +53,13 @@ fi
 
 echo "== 4. the main job in that venv (from $WORK: the installed copy runs)"
 cd "$WORK"
-"$VENV/bin/python" -c "import tealite, torch; print('tealite from', tealite.__file__); \
-print('torch', torch.__version__, '| cuda build', torch.version.cuda, '| hip', torch.version.hip)"
-TRITON_INTERPRET=1 "$VENV/bin/python" -m tealite_verify run --op gemm --op qgemm --examples 3
+export TRITON_INTERPRET=1  # no GPU here: tealite's Triton kernels in the CPU interpreter
+"$VENV/bin/python" - <<'EOF'
+import tealite, torch
+from tealite import registry
+print("tealite from", tealite.__file__)
+print("torch", torch.__version__, "| cuda build", torch.version.cuda, "| hip", torch.version.hip)
+for name, backend in registry.backends().items():
+    print(f"  {name}: {backend.unavailable_reason() or 'available'}")
+EOF
+"$VENV/bin/python" -m tealite_verify run --op gemm --op qgemm --examples 3
