@@ -32,8 +32,10 @@ PYPROJECT = ROOT / "pyproject.toml"
 CONSTRAINTS = ROOT / "ci" / "constraints-cpu.txt"
 RANGED = ("torch", "triton")
 # The versions each ranged package must admit: GPU images' (torch 2.11's CUDA build and the
-# triton 3.6 it requires), CI's CPU builds, a ROCm nightly of the kind the issue names.
-MUST_ADMIT = {"torch": ("2.11.0", "2.11.0+cu130", "2.13.0+cpu", "2.10.0.dev20250901+rocm6.4"),
+# triton 3.6 it requires), CI's CPU builds, ROCm builds of the kind the issue names (a release,
+# a nightly: a pre-release of the next version).
+NIGHTLY = "2.12.0.dev20260115+rocm7.1"
+MUST_ADMIT = {"torch": ("2.11.0", "2.11.0+cu130", "2.13.0+cpu", "2.10.0+rocm7.0", NIGHTLY),
               "triton": ("3.6.0", "3.9.0")}
 
 
@@ -86,11 +88,12 @@ def test_torch_and_triton_are_ranges_admitting_the_gpu_and_ci_versions():
 
 def test_the_range_check_catches_the_old_hard_pin():
     project = tomllib.loads(with_old_pin(PYPROJECT.read_text()))["project"]
-    assert range_problems(project) == ['torch==2.13.0 (dependencies): an exact pin, not a range',
-                                       'torch==2.13.0 (dependencies): excludes 2.11.0',
-                                       'torch==2.13.0 (dependencies): excludes 2.11.0+cu130',
-                                       'torch==2.13.0 (dependencies): excludes '
-                                       '2.10.0.dev20250901+rocm6.4']
+    assert range_problems(project) == [
+        "torch==2.13.0 (dependencies): an exact pin, not a range",
+        "torch==2.13.0 (dependencies): excludes 2.11.0",
+        "torch==2.13.0 (dependencies): excludes 2.11.0+cu130",
+        "torch==2.13.0 (dependencies): excludes 2.10.0+rocm7.0",
+        f"torch==2.13.0 (dependencies): excludes {NIGHTLY}"]
 
 
 def test_the_test_extra_brings_no_triton():
@@ -197,7 +200,7 @@ STACKS = {
     # a CUDA stack as on the lent GPUs: torch 2.11 with the triton it requires
     "cuda-torch-2.11": ("[triton]", {"torch": "2.11.0", "triton": "3.6.0", **_BASE}),
     # a ROCm nightly: its Triton is pytorch-triton-rocm, so no triton extra
-    "rocm-nightly": ("[test]", {"torch": "2.10.0.dev20250901+rocm6.4",
+    "rocm-nightly": ("[test]", {"torch": NIGHTLY,
                                 "pytorch_triton_rocm": "3.4.0", **_BASE}),
 }
 
