@@ -3,19 +3,20 @@
 #   ./dev.sh run   [args]  the main job: python -m tealite_verify run (CPU, torch backend default)
 #   ./dev.sh test  [args]  the test suite (pytest; unit + differential tests)
 #   ./dev.sh py    [args]  python inside the project venv
-# The venv lives in .venv (override with TEALITE_VENV).  torch is pinned to the CPU build
-# (pyproject.toml); the install is redone only when pyproject.toml or ci/aiter-pin.txt change.
+# The venv lives in .venv (override with TEALITE_VENV).  pyproject.toml declares torch / triton
+# ranges; the exact CPU builds installed here are pinned in ci/constraints-cpu.txt.  The install
+# is redone only when pyproject.toml, ci/aiter-pin.txt or ci/constraints-cpu.txt change.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${TEALITE_VENV:-.venv}
 PY=${PYTHON:-python3}
 stamp="$VENV/.tealite-installed"
-want=$(cat pyproject.toml ci/aiter-pin.txt | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml ci/aiter-pin.txt ci/constraints-cpu.txt | sha256sum | cut -d' ' -f1)
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "dev.sh: setting up $VENV (torch CPU build, test extras)..." >&2
+  echo "dev.sh: setting up $VENV (torch CPU build, test and triton extras)..." >&2
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q -e ".[test]" >&2
+  "$VENV/bin/python" -m pip install -q -c ci/constraints-cpu.txt -e ".[test,triton]" >&2
   # AITER, pinned in ci/aiter-pin.txt (the gate's baseline is for that version): only its
   # Triton kernels run here, loaded without ROCm, so its runtime deps (pandas, einops, psutil,
   # pybind11: its JIT / HIP paths) are not installed.  `import aiter` itself needs ROCm.
