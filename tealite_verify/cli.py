@@ -23,11 +23,12 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 
 
 from tealite import registry
-from tealite_verify import coverage, profiles, suite
-from tealite_verify.tables import table
+from tealite_verify import coverage, profiles, suite, support_matrix
+from tealite_verify.tables import LIST_WIDTH, table
 from tealite_verify.gate import cli as gate_cli
 from tealite_verify.mutate import cli as mutate_cli
 from tealite_verify.runner import CaseReport, run_case
@@ -40,33 +41,28 @@ _table = table  # the name the subcommand modules used
 def cmd_list(args) -> int:
     if getattr(args, "coverage", False):
         return _print_coverage()
-    backends = registry.backends()
-    names = sorted(backends)
-    rows = []
-    for op, spec in all_specs().items():
-        row = [op if spec.ops == (op,) else f"{op} ({' + '.join(spec.ops)})"]
-        for n in names:
-            b = backends[n]
-            reason = b.unavailable_reason()
-            if not spec.implemented_by(b):
-                row.append("-")
-            elif reason:
-                row.append(f"unavailable ({reason})")
-            elif spec.ops != (op,):
-                row.append(f"yes [{'/'.join(sorted(spec.devices_of(b)))}]")
-            else:
-                s = b.impls[op].support
-                dts = ",".join(sorted(str(d).removeprefix("torch.") for d in s.dtypes)) \
-                    if s.dtypes else "any"
-                row.append(f"yes [{dts}; {'/'.join(sorted(s.devices))}]")
-        rows.append(row)
-    print(_table(rows, ["op"] + names))
+    import torch
+    try:
+        ops = support_matrix.check_filter("--op", args.op, all_specs())
+        names = support_matrix.check_filter("--backend", args.backend, registry.backends())
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    machine = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+    matrix = support_matrix.select(
+        support_matrix.build(all_specs(), registry.backends(), machine), ops, names)
+    if args.json:
+        print(json.dumps(matrix.to_dict(), indent=1))
+        return 0
+    ascii_only = args.ascii or not support_matrix.can_encode(sys.stdout.encoding)
+    print(f"ops x backends on this machine ({'/'.join(machine)}):")
+    print(support_matrix.render(matrix, ascii_only=ascii_only))
     print()
     print(_recipes_table())
     print()
     print(_probed_table())
     print()
-    print(_device_numerics_table())
+    print(_device_numerics_table(ops, names))
     for err in registry.plugin_load_errors():
         print(f"plugin failed to load: {err}", file=sys.stderr)
     return 0
@@ -106,21 +102,28 @@ def _probed_table() -> str:
     devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
     rows = probes.describe(devices) + scaled_mm_probes.describe(devices)
     return "probed on this machine:\n" + _table([list(r) for r in rows],
-                                                 ["kernel", "device", "finding"])
+                                                 ["kernel", "device", "finding"],
+                                                 max_width=LIST_WIDTH)
 
 
-def _device_numerics_table() -> str:
+def _device_numerics_table(ops=None, backends=None) -> str:
     """Declared numerics that differ between cpu and cuda, per backend x op, as in force on
     this machine (tealite_verify/device_numerics.py): which a case's tier assumes depends on
-    where it runs."""
+    where it runs.  ``ops`` / ``backends`` (None: all) narrow it as ``list``'s filters do."""
     import torch
 
     from tealite_verify import device_numerics
     rows, notes = device_numerics.differences()
+    def keep(backend, op):
+        return (backends is None or backend in backends) and (ops is None or op in ops)
+    rows = [r for r in rows if keep(r[0], r[1])]
+    notes = [n for n in notes if keep(*n.split(":")[0].split(" ")[:2])]
     where = "evaluated on this machine's GPU" if torch.cuda.is_available() else \
         "cuda: what the declaration says for it, evaluated without a GPU"
-    head = f"declared numerics that differ between cpu and cuda ({where}):\n"
-    body = _table(rows, ["backend", "op", "key", "cpu", "cuda", "dtypes"]) if rows else \
+    head = textwrap.fill(f"declared numerics that differ between cpu and cuda ({where}):",
+                         LIST_WIDTH, subsequent_indent="  ") + "\n"
+    body = _table(rows, ["backend", "op", "key", "cpu", "cuda", "dtypes"],
+                  max_width=LIST_WIDTH) if rows else \
         "none for the ops' smoke cases"
     return head + body + "".join(f"\nnote: {n}" for n in notes)
 
@@ -145,9 +148,11 @@ def _recipes_table() -> str:
     rows.append([R.CustomRecipe.__name__, "per role", "per role", "qfactory(Role) -> recipe"])
     formats = ", ".join(f"{f.name} (max {f.max:g}{', fnuz' if f.fnuz else ''})"
                         for f in FORMATS.values())
-    return (_table(rows, ["recipe", "family", "formats", "variants (scale rule / rounding)"])
-            + f"\nformats: {formats}; FP8 casts saturate by default (Saturation.SATURATE), "
-              "NONFINITE available")
+    return (_table(rows, ["recipe", "family", "formats", "variants (scale rule/rounding)"],
+                   max_width=LIST_WIDTH)
+            + "\n" + textwrap.fill(f"formats: {formats}; FP8 casts saturate by default "
+                                   "(Saturation.SATURATE), NONFINITE available",
+                                   support_matrix.WIDTH, subsequent_indent="  "))
 
 
 def drawn_cases(spec, n: int, size: str, seed: int) -> list[dict]:
@@ -490,7 +495,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tealite_verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    ls = sub.add_parser("list", help="ops x backends table")
+    ls = sub.add_parser("list", help="ops x backends matrix")
+    ls.add_argument("--op", action="append",
+                    help="only this op (repeatable); unknown names are an error listing them")
+    ls.add_argument("--backend", action="append", help="only this backend (repeatable)")
+    ls.add_argument("--json", action="store_true",
+                    help=f"print the matrix as JSON (schema {support_matrix.SCHEMA}, "
+                         "README's CLI section) instead of text")
+    ls.add_argument("--ascii", action="store_true",
+                    help="ASCII symbols (the default where stdout cannot encode the others)")
     ls.add_argument("--coverage", action="store_true",
                     help="the coverage-matrix cells the last run exercised, per op x backend "
                          "x dtype, and the ones it did not")
