@@ -67,7 +67,9 @@ class Cell:
     dtypes: tuple[str, ...] | None = None
     layouts: tuple[str, ...] | None = None
     devices: tuple[str, ...] | None = None
-    reason: str | None = None  # why not SUPPORTED (the backend's reason when UNAVAILABLE)
+    # Why not SUPPORTED: the ops without an implementation, the backend's reason when
+    # UNAVAILABLE, what a PARTIAL cell refuses.
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,9 @@ def _partial_reason(op: OpInfo, dtypes, devices, machine_devices) -> str | None:
 def cell_of(spec, op: OpInfo, backend, reason: str | None, machine_devices) -> Cell:
     """One (op, backend) cell; ``reason`` is the backend's unavailability reason."""
     if not spec.implemented_by(backend):
-        return Cell(op.name, backend.name, Status.NOT_IMPLEMENTED)
+        missing = [f"{o}" for o in spec.ops if o not in backend.impls]
+        return Cell(op.name, backend.name, Status.NOT_IMPLEMENTED,
+                    reason=f"no implementation of {', '.join(missing)}")
     devices = tuple(sorted(spec.devices_of(backend)))
     if op.drives:
         dtypes = layouts = None
@@ -161,7 +165,8 @@ def build(specs: dict, backends: dict, machine_devices: tuple[str, ...]) -> Matr
                   for n in sorted(backends))
     ops, cells = [], []
     for name, spec in specs.items():
-        op = OpInfo(name, tuple(spec.ops) if spec.ops != (name,) else (), tuple(spec.dtypes))
+        op = OpInfo(f"{name}", tuple(f"{o}" for o in spec.ops) if spec.ops != (name,) else (),
+                    tuple(spec.dtypes))
         ops.append(op)
         cells += [cell_of(spec, op, backends[b.name], b.reason, machine_devices)
                   for b in binfo]
@@ -173,7 +178,7 @@ def check_filter(argument: str, asked: list[str] | None, valid) -> list[str] | N
     ValueError naming the option, the unknown value and the valid ones."""
     if not asked:
         return None
-    valid = sorted(valid)
+    valid = sorted(f"{v}" for v in valid)  # plain names (op specs are keyed by Op members)
     for name in asked:
         if name not in valid:
             near = difflib.get_close_matches(name, valid, n=1)
@@ -284,27 +289,49 @@ def _wrap(text: str, indent: int, width: int) -> list[str]:
                          break_on_hyphens=False) or [""]
 
 
+def _blocks(cols: list[int], op_w: int, width: int) -> list[range]:
+    """Consecutive backend columns in groups that fit ``width`` beside the op column (one
+    group unless there are many backends: each later group repeats the op column)."""
+    out, start, used = [], 0, op_w
+    for i, w in enumerate(cols):
+        if i > start and used + 2 + w > width:
+            out.append(range(start, i))
+            start, used = i, op_w
+        used += 2 + w
+    return out + [range(start, len(cols))]
+
+
+def _grid(m: Matrix, short: dict[str, str], marks: dict, sym: dict, width: int) -> list[str]:
+    """The matrix: a row per op, a column per backend (its abbreviation), a symbol per cell
+    with its note's number."""
+    labels = {o.name: o.name + ("*" if o.drives else "") for o in m.ops}
+    op_w = max([len("op")] + [len(v) for v in labels.values()])
+    cols = [max(len(short[b.name]), 3) for b in m.backends]
+    cells = {(c.op, c.backend): c for c in m.cells}
+    lines: list[str] = []
+    for block in _blocks(cols, op_w, width):
+        if lines:
+            lines.append("")
+        lines.append("  ".join(["op".ljust(op_w)] + [short[m.backends[i].name].ljust(cols[i])
+                                                      for i in block]).rstrip())
+        lines.append("  ".join(["-" * op_w] + ["-" * cols[i] for i in block]))
+        for o in m.ops:
+            row = [labels[o.name].ljust(op_w)]
+            for i in block:
+                c = cells[(o.name, m.backends[i].name)]
+                mark = marks.get((c.op, c.backend))
+                row.append((" " + sym[c.status] + (str(mark) if mark else "")).ljust(cols[i]))
+            lines.append("  ".join(row).rstrip())
+    return lines
+
+
 def render(m: Matrix, *, ascii_only: bool = False, width: int = WIDTH) -> str:
     """The matrix, its legend, each backend's facts once, the numbered notes and the composite
     ops' driven ops, wrapped at ``width``."""
     sym = {s: pair[1 if ascii_only else 0] for s, pair in SYMBOLS.items()}
     short = abbreviations(b.name for b in m.backends)
     marks, notes = _notes(m)
-    labels = {o.name: o.name + ("*" if o.drives else "") for o in m.ops}
-    op_w = max([len("op")] + [len(v) for v in labels.values()])
-    cols = [max(len(short[b.name]), 3) for b in m.backends]
-    lines = ["  ".join(["op".ljust(op_w)] + [short[b.name].ljust(w)
-                                               for b, w in zip(m.backends, cols)]).rstrip(),
-             "  ".join(["-" * op_w] + ["-" * w for w in cols])]
-    by_op: dict[str, list[Cell]] = {}
-    for c in m.cells:
-        by_op.setdefault(c.op, []).append(c)
-    for o in m.ops:
-        row = [labels[o.name].ljust(op_w)]
-        for c, w in zip(by_op.get(o.name, []), cols):
-            mark = marks.get((c.op, c.backend))
-            row.append((" " + sym[c.status] + (str(mark) if mark else "")).ljust(w))
-        lines.append("  ".join(row).rstrip())
+    lines = _grid(m, short, marks, sym, width)
     legend = "  ".join(f"{sym[s]} {LEGEND[s]}" for s in Status) + \
         "  N: see note N" + ("  *: composite op (below)" if any(o.drives for o in m.ops) else "")
     lines += _wrap("legend: " + legend, 8, width)
@@ -323,9 +350,9 @@ def render(m: Matrix, *, ascii_only: bool = False, width: int = WIDTH) -> str:
     if composites:
         lines += _wrap("composite ops (a backend takes part where it implements every op "
                        "they drive; their dtypes: each driven op's):", 2, width)
-        name_w = max(len(labels[o.name]) for o in composites)
+        name_w = max(len(o.name) + 1 for o in composites)
         for o in composites:
-            lines += _wrap(f"  {labels[o.name].ljust(name_w)}  {' + '.join(o.drives)}",
+            lines += _wrap(f"  {(o.name + '*').ljust(name_w)}  {' + '.join(o.drives)}",
                            name_w + 4, width)
     return "\n".join(lines)
 
