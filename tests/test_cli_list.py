@@ -66,6 +66,7 @@ def test_list_fits_an_80_column_terminal_with_every_backend_and_op(capsys):
     assert rc == 0
     matrix = _matrix_section(out).splitlines()
     assert len(matrix) > 50 and max(map(len, matrix)) <= support_matrix.WIDTH
+    assert sum(line.startswith("op ") for line in matrix) == 1  # one group of columns
     assert max(len(line) for line in out.splitlines()) <= 100  # the other tables: 100
 
 
