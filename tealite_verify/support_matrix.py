@@ -79,9 +79,6 @@ class Matrix:
     backends: tuple[BackendInfo, ...]
     cells: tuple[Cell, ...]       # ops-major, in the order of ``ops`` and ``backends``
 
-    def cell(self, op: str, backend: str) -> Cell:
-        return next(c for c in self.cells if c.op == op and c.backend == backend)
-
     def to_dict(self) -> dict:
         return {
             "schema": SCHEMA,

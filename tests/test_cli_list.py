@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import pytest
 import torch
@@ -164,6 +165,14 @@ def test_ascii_fallback(capsys):
     assert "legend: + supported" in out
     _, out, _ = _list(capsys, "--op", "gemm")
     assert not out.isascii()  # the unicode symbols where stdout can print them
+
+
+def test_ascii_is_chosen_for_a_stdout_that_cannot_print_the_symbols(monkeypatch):
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii"))
+    assert main(["list", "--op", "amax", "--backend", "torch"]) == 0  # no UnicodeEncodeError
+    sys.stdout.flush()
+    assert b"legend: + supported" in raw.getvalue()
 
 
 # ---- run's progress -----------------------------------------------------------------------
