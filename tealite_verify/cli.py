@@ -26,129 +26,17 @@ import sys
 
 
 from tealite import registry
-from tealite_verify import coverage, profiles, suite
+from tealite_verify import coverage, listing, profiles, suite
 from tealite_verify.tables import table
 from tealite_verify.gate import cli as gate_cli
 from tealite_verify.mutate import cli as mutate_cli
 from tealite_verify.report import html_path
+from tealite_verify.progress import RunProgress
 from tealite_verify.runner import CaseReport, run_case
 from tealite_verify.specs import SIZES, all_specs, get_spec
 
 
 _table = table  # the name the subcommand modules used
-
-
-def cmd_list(args) -> int:
-    if getattr(args, "coverage", False):
-        return _print_coverage()
-    backends = registry.backends()
-    names = sorted(backends)
-    rows = []
-    for op, spec in all_specs().items():
-        row = [op if spec.ops == (op,) else f"{op} ({' + '.join(spec.ops)})"]
-        for n in names:
-            b = backends[n]
-            reason = b.unavailable_reason()
-            if not spec.implemented_by(b):
-                row.append("-")
-            elif reason:
-                row.append(f"unavailable ({reason})")
-            elif spec.ops != (op,):
-                row.append(f"yes [{'/'.join(sorted(spec.devices_of(b)))}]")
-            else:
-                s = b.impls[op].support
-                dts = ",".join(sorted(str(d).removeprefix("torch.") for d in s.dtypes)) \
-                    if s.dtypes else "any"
-                row.append(f"yes [{dts}; {'/'.join(sorted(s.devices))}]")
-        rows.append(row)
-    print(_table(rows, ["op"] + names))
-    print()
-    print(_recipes_table())
-    print()
-    print(_probed_table())
-    print()
-    print(_device_numerics_table())
-    for err in registry.plugin_load_errors():
-        print(f"plugin failed to load: {err}", file=sys.stderr)
-    return 0
-
-
-def _print_coverage() -> int:
-    """Each (op, backend, dtype): the coverage-matrix cells the last recorded run exercised
-    (``pytest -m differential`` and ``run`` record them; see tealite_verify/suite.py)."""
-    path = suite.coverage_file()
-    seen = suite.load_coverage(path)
-    if not seen:
-        print(f"no coverage recorded in {path}: run `pytest -m differential` or "
-              f"`python -m tealite_verify run` first ({suite.COVERAGE_ENV} moves the file)",
-              file=sys.stderr)
-        return 1
-    rows = []
-    specs = all_specs()
-    for (op, backend, dtype), cells in sorted(seen.items()):
-        universe = specs[op].coverage if op in specs else ()
-        got, total = coverage.ratio({tuple(c.split("=", 1)) for c in cells}, universe)
-        missing = coverage.describe_missing(universe, {tuple(c.split("=", 1)) for c in cells})
-        rows.append([op, backend, dtype, f"{got}/{total}",
-                     ", ".join(missing[:6]) + (f" (+{len(missing) - 6})" if len(missing) > 6
-                                               else "")])
-    print(f"coverage-matrix cells exercised, from {path}:")
-    print(_table(rows, ["op", "backend", "dtype", "cells", "not exercised"]))
-    return 0
-
-
-def _probed_table() -> str:
-    """Numerics the backends probe on this machine instead of assuming (declared to the
-    tiers per case): which can change between CPUs and GPUs CI lands on."""
-    import torch
-
-    from tealite.backends.scaled_mm import probes as scaled_mm_probes
-    from tealite.backends.torch import probes
-    devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
-    rows = probes.describe(devices) + scaled_mm_probes.describe(devices)
-    return "probed on this machine:\n" + _table([list(r) for r in rows],
-                                                 ["kernel", "device", "finding"])
-
-
-def _device_numerics_table() -> str:
-    """Declared numerics that differ between cpu and cuda, per backend x op, as in force on
-    this machine (tealite_verify/device_numerics.py): which a case's tier assumes depends on
-    where it runs."""
-    import torch
-
-    from tealite_verify import device_numerics
-    rows, notes = device_numerics.differences()
-    where = "evaluated on this machine's GPU" if torch.cuda.is_available() else \
-        "cuda: what the declaration says for it, evaluated without a GPU"
-    head = f"declared numerics that differ between cpu and cuda ({where}):\n"
-    body = _table(rows, ["backend", "op", "key", "cpu", "cuda", "dtypes"]) if rows else \
-        "none for the ops' smoke cases"
-    return head + body + "".join(f"\nnote: {n}" for n in notes)
-
-
-def _recipes_table() -> str:
-    """Every quantization recipe, family by family, with its formats and variants: read from
-    the recipe classes' declared domains (a new recipe shows up with no edit here)."""
-    import tealite.recipes as R
-    from tealite.formats import FORMATS
-    from tealite_verify import recipe_space
-    rows = []
-    for cls in R.RECIPES:
-        families: dict[str, tuple[set, set]] = {}
-        for point in recipe_space.points(cls):
-            fmts, variants = families.setdefault(
-                recipe_space.label(point.recipe, family_only=True), (set(), set()))
-            fmts.add(point.recipe.fmt)
-            variants.add("/".join(point.recipe.taxonomy()[1]) or "-")
-        for family, (fmts, variants) in families.items():
-            rows.append([cls.__name__, family, ", ".join(f for f in FORMATS if f in fmts),
-                         " | ".join(sorted(variants))])
-    rows.append([R.CustomRecipe.__name__, "per role", "per role", "qfactory(Role) -> recipe"])
-    formats = ", ".join(f"{f.name} (max {f.max:g}{', fnuz' if f.fnuz else ''})"
-                        for f in FORMATS.values())
-    return (_table(rows, ["recipe", "family", "formats", "variants (scale rule / rounding)"])
-            + f"\nformats: {formats}; FP8 casts saturate by default (Saturation.SATURATE), "
-              "NONFINITE available")
 
 
 def drawn_cases(spec, n: int, size: str, seed: int) -> list[dict]:
@@ -244,8 +132,10 @@ def cmd_run(args) -> int:
     ops = list(specs) if not args.op or "all" in args.op else args.op
     rows, reports = [], []
     failed = 0
+    shown = RunProgress(len(ops), enabled=args.progress)
     for op in ops:
         spec = get_spec(op)
+        shown.begin_op(op)
         cases = list(spec.smoke_cases) + _stratified(spec, args) + \
             drawn_cases(spec, args.examples, args.size, args.seed)
         counts = {"pass": 0, "fail": 0, "skip": 0}
@@ -260,13 +150,16 @@ def cmd_run(args) -> int:
             exercised |= _record_coverage(spec, rep)
             if rep.verdict == "fail":
                 failed += 1
-                print(rep.describe(), file=sys.stderr)
+                shown.above(rep.describe())
             elif rep.graded_verdict == "suspicious":
-                print(rep.describe(), file=sys.stderr)
+                shown.above(rep.describe())
             _prob_row(prob_stats, rep)
+            shown.case_done(rep.verdict == "fail")
         got, total = coverage.ratio(exercised, spec.coverage)
         rows.append([op, len(cases), counts["pass"], counts["fail"], counts["skip"],
                      f"{worst:.3f}", f"{got}/{total}"])
+        shown.op_done()
+    shown.finish()
     print(_table(rows, ["op", "cases", "pass", "fail", "skip", "worst err/tol", "cells"]))
     print("cells: coverage-matrix cells the cases that ran exercised, over every backend; "
           "per backend and dtype: python -m tealite_verify list --coverage")
@@ -500,10 +393,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tealite_verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    ls = sub.add_parser("list", help="ops x backends table")
-    ls.add_argument("--coverage", action="store_true",
-                    help="the coverage-matrix cells the last run exercised, per op x backend "
-                         "x dtype, and the ones it did not")
+    listing.add_parser(sub)
     r = sub.add_parser("run", help="differential check of every op (the main job)")
     r.add_argument("--op", action="append", help="op name (repeatable) or 'all' (default)")
     r.add_argument("--backend", action="append", help="restrict to these backends (repeatable)")
@@ -514,6 +404,10 @@ def main(argv=None) -> int:
     r.add_argument("--json", help="write every case report here")
     r.add_argument("--html", type=html_path,
                    help="write a self-contained HTML report here (docs/report.md)")
+    r.add_argument("--no-progress", "--quiet", dest="progress", action="store_false",
+                   help="no progress display on stderr (by default: one updating line on a "
+                        "terminal, else a line every 30 s; the summary and failures are "
+                        "printed either way)")
     _add_probabilistic_args(r)
     _add_graph_replay_arg(r)
     q = sub.add_parser("repro", help="re-run one case with full metrics")
@@ -532,6 +426,6 @@ def main(argv=None) -> int:
     errors = registry.load_plugins()
     for err in errors:
         print(f"warning: backend plugin failed to load: {err}", file=sys.stderr)
-    return {"list": cmd_list, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
+    return {"list": listing.run, "run": cmd_run, "repro": cmd_repro, "fuzz": cmd_fuzz,
             "replay": cmd_replay, "gate": gate_cli.run,
             "mutate": mutate_cli.run}[args.cmd](args)

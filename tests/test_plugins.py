@@ -23,8 +23,8 @@ def _run(args, env_extra, cwd=ROOT):
 def test_env_var_plugin_is_listed():
     r = _run(["list"], {"TEALITE_BACKEND_MODULES": "wrong_gemm_backend"})
     assert r.returncode == 0, r.stderr
-    header = r.stdout.splitlines()[0]
-    assert "wrong_gemm" in header and "torch" in header
+    matrix = r.stdout.split("\nrecipe ", 1)[0]  # the matrix and its backends' lines
+    assert "= wrong_gemm " in matrix and "\n  torch " in matrix
 
 
 def test_broken_plugin_is_reported_not_swallowed():
@@ -39,7 +39,7 @@ def test_entry_point_plugin_is_discovered(tmp_path):
     (dist / "entry_points.txt").write_text("[tealite.backends]\nwrong = wrong_gemm_backend\n")
     r = _run(["list"], {"PYTHONPATH": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    assert "wrong_gemm" in r.stdout.splitlines()[0]
+    assert "= wrong_gemm " in r.stdout.split("\nrecipe ", 1)[0]
 
 
 def test_wrong_external_backend_is_reported_with_working_repro():
