@@ -195,7 +195,8 @@ def _dry_run(tmp: Path, wheel: Path, extras: str, held: dict[str, str],
 # The tools a dry run installs, each with no dependencies of its own here.
 _BASE = {"numpy": "2.1.0", "ml_dtypes": "0.5.1", "hypothesis": "6.120.0"}
 # What the index offers: CI's builds of torch / triton (newer than the stacks' ones) and tools.
-_INDEX = {"torch": "2.13.0", "triton": "3.9.0", "pytest": "8.3.0", "pytest_benchmark": "5.1.0"}
+_INDEX = {"torch": "2.13.0", "triton": "3.9.0", "pytest": "8.3.0", "pytest_benchmark": "5.1.0",
+          "matplotlib": "3.9.0"}
 STACKS = {
     # a CUDA stack as on the lent GPUs: torch 2.11 with the triton it requires
     "cuda-torch-2.11": ("[triton]", {"torch": "2.11.0", "triton": "3.6.0", **_BASE}),
