@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from tealite.backends._pad import pad_end
 from tealite.backends.scaled_mm import BACKEND, probes
 from tealite.numerics import FP8_CODE_ALIGNMENT
 from tealite.recipe_facts import outside
@@ -76,7 +77,7 @@ def _pad_to(t: torch.Tensor, dim: int, align: int) -> torch.Tensor:
         return t
     pad = [0, 0] * t.dim()
     pad[2 * (t.dim() - 1 - dim) + 1] = extra
-    return torch.nn.functional.pad(t.view(torch.uint8), pad).view(t.dtype)
+    return pad_end(t.view(torch.uint8), pad).view(t.dtype)
 
 
 def _scale(scales: torch.Tensor, recipe, rows: int, as_column: bool) -> torch.Tensor:
@@ -101,8 +102,8 @@ def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, 
         scale_b, scale_a = b_scales.float().reshape(()), a_scales.float().reshape(())
     else:
         scale_b = _scale(b_scales, recipe_b, m, as_column=True)
-        scale_a = torch.nn.functional.pad(_scale(a_scales, recipe_a, n, as_column=False),
-                                          (0, a.shape[0] - n), value=1.0).contiguous()
+        scale_a = pad_end(_scale(a_scales, recipe_a, n, as_column=False),
+                          (0, a.shape[0] - n), value=1.0).contiguous()
     if m == 0 or k == 0:
         out = torch.zeros(m, n, dtype=torch.float32, device=a.device)
         if bias is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from tealite.backends._pad import pad_end
 from tealite.backends.torch import BACKEND
 from tealite.formats import (FP8_FORMATS, ElementRounding, FP8ScaleRule, Saturation,
                              ScaleRounding, get_format)
@@ -84,7 +85,7 @@ def e2m1_codes(v: torch.Tensor, rounding: ElementRounding) -> torch.Tensor:
 
 def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     if codes.shape[-1] % 2:
-        codes = torch.nn.functional.pad(codes, (0, 1))
+        codes = pad_end(codes, (0, 1))
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
@@ -175,7 +176,7 @@ def _mx_rowwise(x: torch.Tensor, recipe):
     fmt = get_format(recipe.fmt)
     m, k = x.shape
     nb = -(-k // recipe.block)
-    xp = torch.nn.functional.pad(x.float(), (0, nb * recipe.block - k))
+    xp = pad_end(x.float(), (0, nb * recipe.block - k))
     blocks = xp.reshape(m, nb, recipe.block)
     amax = blocks.abs().amax(dim=-1) if k else torch.zeros(m, 0, device=x.device)
     good = torch.isfinite(amax) & (amax > 0)
@@ -203,7 +204,7 @@ def _block_scales(x32: torch.Tensor, recipe):
     bm, bn = recipe.block
     m, k = x32.shape
     mb, nb = -(-m // bm), -(-k // bn)
-    xp = torch.nn.functional.pad(x32.abs(), (0, nb * bn - k, 0, mb * bm - m))
+    xp = pad_end(x32.abs(), (0, nb * bn - k, 0, mb * bm - m))
     block_amax = xp.reshape(mb, bm, nb, bn).amax(dim=(1, 3)) if xp.numel() else \
         torch.zeros(mb, nb, device=x32.device)
     s = _te_scale(block_amax, get_format(recipe.fmt), recipe.force_pow2_scales,
