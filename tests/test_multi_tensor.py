@@ -18,6 +18,7 @@ from tealite_verify.references import multi_tensor as ref
 from tealite_verify.references.quantize import te_scale_from_amax
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
+from _helpers_cross_compile import compiled_json
 
 # Hyper-parameters exact in fp32 (and bias corrections exact at steps 1-2), so the float64
 # references and torch.optim in float64 compute the same real numbers.
@@ -274,18 +275,7 @@ def test_adam_full_blocks_use_16_byte_vectors_on_sm90():
     the chunk, through pointers hinted 16-byte aligned (checked on the host): vector loads and
     stores.  Measured on an H100 before: a mask against a loaded bound kept every access
     scalar, 10 % of copy bandwidth.  An unaligned call must not get the hint."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", _ADAM_PTX], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    vectors = json.loads(proc.stdout)
+    vectors = compiled_json(_ADAM_PTX)
     assert vectors["True"] >= 6 and vectors["False"] == 0, vectors
 
 

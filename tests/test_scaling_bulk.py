@@ -19,6 +19,7 @@ from tealite.training_types import BulkScalingUpdate
 from tealite_verify.mutate.operators_scaling_bulk import _last_tensor_skipped
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
+from _helpers_cross_compile import compiled_json
 
 SPEC = get_spec("delayed_scaling_update_bulk")
 TRITON = registry.get_backend("triton").unavailable_reason() is None
@@ -235,16 +236,5 @@ def test_kernel_compiles_with_ieee_division():
     divisions must be IEEE ones (Triton's "/" is approximate on CUDA): PTX ``div.rn.f32``,
     AMD's correctly rounded ``v_div_fixup_f32`` sequence."""
     pytest.importorskip("triton")
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    divides = json.loads(proc.stdout)
+    divides = compiled_json(_COMPILE)
     assert divides == {"cuda": ["div.rn.f32"], "hip": ["v_div_fixup_f32"]}, divides

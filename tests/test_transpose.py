@@ -15,6 +15,7 @@ from tealite.formats import FP8_FORMATS, get_format
 from tealite.training_types import TRANSPOSE_DTYPES
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
+from _helpers_cross_compile import compiled_json
 
 SPEC = get_spec("transpose")
 TRITON = registry.get_backend("triton").unavailable_reason() is None
@@ -216,16 +217,5 @@ def test_kernel_compiles_for_sm90_and_gfx942():
     """Cross-compiled in a fresh process without TRITON_INTERPRET (the interpreter forgives
     what a compiled kernel does not), for every element width the backend launches."""
     pytest.importorskip("triton")
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    sizes = json.loads(proc.stdout)
+    sizes = compiled_json(_COMPILE)
     assert len(sizes) == 6 and all(sizes.values()), sizes
