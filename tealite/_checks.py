@@ -82,3 +82,12 @@ def capturing(t: torch.Tensor) -> bool:
     tensor values back to the host (a device sync) is illegal there, so value checks are
     skipped while capturing (the eager call before a capture has run them)."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def one_dtype_and_device(tensors) -> torch.dtype | None:
+    """The tensors' common dtype when they all share it and one device, else None: one cheap
+    pass for long lists (``get_device()`` is an int, -1 for the CPU and meta, so the kind flags
+    tell those apart; ``t.device`` would build an object per tensor).  Callers build their
+    per-entry error messages only when this fails."""
+    kinds = {(t.dtype, t.get_device(), t.is_cuda, t.is_meta) for t in tensors}
+    return next(iter(kinds))[0] if len(kinds) == 1 else None

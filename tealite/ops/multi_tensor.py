@@ -56,7 +56,8 @@ from typing import Sequence
 import torch
 
 import tealite.registry as registry
-from tealite._checks import FLOAT_DTYPES, check_choice, check_finite_number, dtype_name, require
+from tealite._checks import (FLOAT_DTYPES, check_choice, check_finite_number, dtype_name,
+                             one_dtype_and_device, require)
 from tealite.formats import FP8_FORMATS
 from tealite.training_types import AdamOptions, SGDOptions
 from tealite.types import Op
@@ -114,10 +115,7 @@ def check_list(name: str, tensors, *, dtypes=FLOAT_DTYPES, length: int | None = 
         return tensors
     first = tensors[0]
     ok_types = all(isinstance(t, torch.Tensor) for t in tensors)
-    # (dtype, device kind and index): get_device() is an int (-1 for the CPU and meta),
-    # t.device builds an object per call
-    if ok_types and first.dtype in dtypes and len(
-            {(t.dtype, t.get_device(), t.is_cuda, t.is_meta) for t in tensors}) == 1 and (
+    if ok_types and first.dtype in dtypes and one_dtype_and_device(tensors) is not None and (
             like is None or all(t.shape == o.shape for t, o in zip(tensors, like))):
         return tensors
     for i, t in enumerate(tensors):

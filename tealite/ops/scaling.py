@@ -20,7 +20,7 @@ import torch
 
 import tealite.recipes as R
 import tealite.registry as registry
-from tealite._checks import check_shape, check_tensor, require
+from tealite._checks import check_shape, check_tensor, one_dtype_and_device, require
 from tealite.training_types import BulkScalingUpdate
 from tealite.types import Op
 
@@ -77,8 +77,7 @@ def _all_valid(histories, scales, recipes) -> bool:
     them for 2000 tensors cost ~25 ms per call, 1000 times the kernel)."""
     if not all(isinstance(t, torch.Tensor) for t in (*histories, *scales)):
         return False
-    kinds = {(t.dtype, t.get_device(), t.is_cuda, t.is_meta) for t in (*histories, *scales)}
-    return len(kinds) == 1 and next(iter(kinds))[0] == torch.float32 and all(
+    return one_dtype_and_device((*histories, *scales)) == torch.float32 and all(
         h.dim() == 1 and h.shape[0] == r.amax_history_len >= 1 and s.shape == (1,)
         for h, s, r in zip(histories, scales, recipes))
 
