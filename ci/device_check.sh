@@ -11,15 +11,7 @@
 # Each step has its own timeout; logs and JSON go to $OUT (default ./device-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-device-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-[ -n "${TEALITE_AITER_PATH:-}" ] && export TEALITE_AITER_PATH=$(realpath "$TEALITE_AITER_PATH")
-OPS=${OPS:?set OPS to the op names}
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'device', torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
-sel=$(echo "$OPS" | sed 's/ / or /g')
-op_args=(); for o in $OPS; do op_args+=(--op "$o"); done
+source ci/_device_ops_env.sh
 step() { echo "== $1 ($(date +%T))"; }
 # A timeout of 0 skips its step (timeout 0 itself would mean no limit at all).
 if [ "${DIFF_TIMEOUT:-200}" != 0 ]; then

@@ -13,15 +13,7 @@
 # cannot eat the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-device-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-[ -n "${TEALITE_AITER_PATH:-}" ] && export TEALITE_AITER_PATH=$(realpath "$TEALITE_AITER_PATH")
-OPS=${OPS:?set OPS to the op names}
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-'device', torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
-sel=$(echo "$OPS" | sed 's/ / or /g')
-op_args=(); for o in $OPS; do op_args+=(--op "$o"); done
+source ci/_device_ops_env.sh
 if [ "${DIFF_TIMEOUT:-150}" != 0 ]; then
   TEALITE_VERIFY_DEVICE=cuda HYPOTHESIS_PROFILE=${PROFILE:-local} timeout "${DIFF_TIMEOUT:-150}" \
     python3 -m pytest tests/test_differential.py -m differential -q -p no:cacheprovider -k "$sel" \
