@@ -70,9 +70,14 @@ def _params(values, device) -> torch.Tensor:
     return device_table(values, torch.float32, device)
 
 
-def address_table(tensors, device) -> torch.Tensor:
-    """The tensors' data addresses (contiguous storage is required: see _contiguous)."""
-    return device_table([t.data_ptr() for t in tensors], torch.int64, device)
+def address_tables(lists, device) -> tuple[tuple[torch.Tensor, ...], bool]:
+    """Each list's address table (the tensors' data addresses: contiguous storage is required,
+    see _contiguous), and whether every address is a multiple of 16 bytes (fresh
+    allocations are; a view into the middle of a storage may not be): the kernels'
+    vector-access hint ``ALIGNED`` is then true.  One pass over the addresses."""
+    ptrs = [[t.data_ptr() for t in lst] for lst in lists]
+    aligned = all(p % 16 == 0 for lst in ptrs for p in lst)
+    return tuple(device_table(lst, torch.int64, device) for lst in ptrs), aligned
 
 
 def _contiguous(tensors) -> None:
@@ -220,12 +225,6 @@ def _adam_kernel(chunk_owner, chunk_first, numels, g_addr, p_addr, m_addr, v_add
                     lr, beta1, beta2, eps, wd, bc1, bc2, G_BF16, P_BF16, HAS_MASTER, ADAM_W)
 
 
-def _aligned(*lists) -> bool:
-    """Every tensor of the call starts on a 16-byte boundary (fresh allocations do; a view
-    into the middle of a storage may not): the kernels' vector-access hint is then true."""
-    return all(t.data_ptr() % 16 == 0 for lst in lists for t in lst)
-
-
 def _device(tensors):
     return tensors[0].device if tensors else torch.device("cpu")
 
@@ -237,11 +236,12 @@ def multi_tensor_scale(tensors, scale, *, out_dtype, noop_flag):
     owner, first, numels = chunk_table(tensors, _device(tensors))
     if owner.numel():
         dev = _device(tensors)
+        (x_addr, y_addr), aligned = address_tables((tensors, outs), dev)
         _scale_kernel[(owner.numel(),)](
-            owner, first, numels, address_table(tensors, dev), address_table(outs, dev),
+            owner, first, numels, x_addr, y_addr,
             noop_flag, _params([scale], dev), X_T=_ELT[tensors[0].dtype],
             X_BF16=tensors[0].dtype == torch.bfloat16, Y_T=_ELT[out_dtype],
-            Y_BF16=out_dtype == torch.bfloat16, ALIGNED=_aligned(tensors, outs),
+            Y_BF16=out_dtype == torch.bfloat16, ALIGNED=aligned,
             CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
     return outs
 
@@ -252,11 +252,12 @@ def _l2norm(tensors, *, per_tensor, inv_scale, noop_flag):
     owner, first, numels = chunk_table(tensors, dev)
     partial = torch.zeros(owner.numel(), dtype=torch.float32, device=dev)
     if owner.numel():
+        (x_addr,), aligned = address_tables((tensors,), dev)
         _sumsq_kernel[(owner.numel(),)](
-            owner, first, numels, address_table(tensors, dev),
+            owner, first, numels, x_addr,
             inv_scale if inv_scale is not None else partial, partial, noop_flag,
             X_T=_ELT[tensors[0].dtype], X_BF16=tensors[0].dtype == torch.bfloat16,
-            UNSCALE=inv_scale is not None, ALIGNED=_aligned(tensors),
+            UNSCALE=inv_scale is not None, ALIGNED=aligned,
             CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
     sums = torch.zeros(len(tensors), dtype=torch.float32, device=dev)
     sums.index_add_(0, owner.long(), partial)
@@ -297,8 +298,9 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, *, master_p
     if not owner.numel():
         return
     bc1, bc2 = _bias_corrections(options)
-    g_addr, p_addr, m_addr, v_addr = (address_table(lst, dev) for lst in lists[:4])
-    w_addr = address_table(master_params, dev) if master_params is not None else p_addr
+    tables, aligned = address_tables(lists, dev)
+    g_addr, p_addr, m_addr, v_addr = tables[:4]
+    w_addr = tables[4] if master_params is not None else p_addr
     _adam_kernel[(owner.numel(),)](
         owner, first, numels, g_addr, p_addr, m_addr, v_addr, w_addr,
         _params([options.lr, options.beta1, options.beta2, options.eps, options.weight_decay,
@@ -306,7 +308,7 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, *, master_p
         G_T=_ELT[grads[0].dtype], G_BF16=grads[0].dtype == torch.bfloat16,
         P_T=_ELT[params[0].dtype], P_BF16=params[0].dtype == torch.bfloat16,
         HAS_MASTER=master_params is not None, ADAM_W=int(options.adam_w_mode),
-        ALIGNED=_aligned(*lists), CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
+        ALIGNED=aligned, CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
 
 
 @triton.jit
@@ -377,16 +379,17 @@ def multi_tensor_sgd(grads, params, momenta, options, *, model_params, noop_flag
         return
     o = options
     copies = model_params if model_params is not None else params
+    (g_addr, w_addr, mom_addr, c_addr), aligned = address_tables(
+        (grads, params, momenta, copies), dev)
     _sgd_kernel[(owner.numel(),)](
-        owner, first, numels, address_table(grads, dev), address_table(params, dev),
-        address_table(momenta, dev), address_table(copies, dev),
+        owner, first, numels, g_addr, w_addr, mom_addr, c_addr,
         _params([o.lr, o.momentum, o.dampening, o.weight_decay, o.scale], dev), noop_flag,
         G_T=_ELT[grads[0].dtype], G_BF16=grads[0].dtype == torch.bfloat16,
         W_T=_ELT[params[0].dtype], W_BF16=params[0].dtype == torch.bfloat16,
         C_T=_ELT[copies[0].dtype], C_BF16=copies[0].dtype == torch.bfloat16,
         HAS_COPY=model_params is not None, HAS_WD=o.weight_decay != 0,
         HAS_MOMENTUM=o.momentum != 0, WD_AFTER=int(o.wd_after_momentum),
-        NESTEROV=bool(o.nesterov), FIRST_RUN=bool(o.first_run), ALIGNED=_aligned(*lists),
+        NESTEROV=bool(o.nesterov), FIRST_RUN=bool(o.first_run), ALIGNED=aligned,
         CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
 
 
@@ -423,8 +426,7 @@ def multi_tensor_compute_scale(amaxes, fmt, *, margin, force_pow2, epsilon):
     owner, first, numels = chunk_table(amaxes, dev)
     if owner.numel():
         _compute_scale_kernel[(owner.numel(),)](
-            owner, first, numels, address_table(amaxes, dev), address_table(scales, dev),
-            address_table(invs, dev),
+            owner, first, numels, *address_tables((amaxes, scales, invs), dev)[0],
             _params([get_format(fmt).max, 2.0 ** margin, epsilon], dev),
             FORCE_POW2=bool(force_pow2), CHUNK=MTA_CHUNK_ELEMENTS, BLOCK=BLOCK)
     return scales, invs
