@@ -4,14 +4,25 @@ Measured with triton 3.9's interpreter (TRITON_INTERPRET=1): a bf16 load of a *s
 value converts it wrongly (7.62e-39 reads as 3.49e-39), and an fp32 -> bf16 store truncates
 instead of rounding to nearest-even (0.3923 -> 0.390625, want 0.392578125).  So bf16 tensors
 travel as int16 bit patterns (the host passes ``t.view(torch.int16)``) and are converted here
-with integer operations: exact widening, and RNE narrowing with NaN kept quiet.  On a GPU this
-costs two integer ops per element and gives the same bits as the native conversions.
+with integer operations: exact widening, and RNE narrowing with NaN kept quiet.
+
+Compiled for a GPU the narrowing is the native conversion instead (``cvt.rn.bf16.f32`` on
+CUDA, RNE like the integer form; a NaN becomes the canonical quiet NaN instead of keeping its
+payload): the integer form is about nine integer instructions per element, which made
+memory-bound kernels instruction-bound on an H100 (softmax, docs/benchmarks.md).  Only NaN
+payload bits differ between the two forms.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
+
+# Read at import as the backend's INTERPRET is (tealite/backends/triton/__init__.py); a
+# module-level constexpr so that jit functions may read it.
+NATIVE_BF16_STORE = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 def as_kernel_arg(t: torch.Tensor) -> torch.Tensor:
@@ -30,7 +41,9 @@ def load_f32(ptr, offs, mask, IS_BF16: tl.constexpr):
 
 @triton.jit
 def store_f32(ptr, offs, v, mask, IS_BF16: tl.constexpr):
-    if IS_BF16:
+    if IS_BF16 and NATIVE_BF16_STORE:
+        tl.store(ptr + offs, v.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True), mask=mask)
+    elif IS_BF16:
         bits = v.to(tl.int32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # RNE on the dropped 16 bits
         quiet_nan = (bits >> 16) | 0x40

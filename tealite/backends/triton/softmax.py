@@ -3,16 +3,21 @@ in registers (a power-of-two block, so any row length, prime or not, runs with a
 
 Forward, per row: s = x * scale in fp32, the kind's fill (-10000 over masked logits and the
 aligned-causal kind's hidden keys, -inf over the upper-triangular kind's: the causal kinds
-read only the visible prefix of x), max, exp(s - max),
-a tree sum, an IEEE division (``div_rn``: Triton's ``/`` is approximate on CUDA); rows TE
-zeroes are zeroed (tealite/ops/softmax.py).  The mask of ``scaled_masked`` is read as bytes
+read only the visible prefix of x), max, exp(s - max), a tree sum, then one IEEE reciprocal
+of the sum per row (``div_rn``: Triton's ``/`` is approximate on CUDA) and a multiply per
+element; rows TE zeroes are zeroed (tealite/ops/softmax.py).  The reciprocal-and-multiply
+replaced a ``div_rn`` per element: on an H100 the exact division (a Newton sequence with a
+slow-path check) and the bf16 store's integer rounding made the masked and causal kinds
+instruction-bound at about 430 instructions per thread (docs/benchmarks.md).  The mask of ``scaled_masked`` is read as bytes
 from its (b or 1, 1, sq, sk) layout: row r = ((batch * heads) + head) * sq + q reads mask row
 (batch or 0) * sq + q.  Backward: c = sum(dy * y) over the kept keys,
 dx = scale * (dy * y - y * c).
 
 Numerics: fp32 throughout.  ``tl.exp`` is numpy's exp in the interpreter (1 ulp) and on CUDA
 ``ex2.approx`` of the argument times log2(e) (2 ulp, and the product's rounding, which the
-softmax tier allows for every backend): ``exp_ulps`` 1 / 2.
+softmax tier allows for every backend): ``exp_ulps`` 1 / 2.  The division is two correctly
+rounded operations, 1/S and e * (1/S): relative error at most 2u (plus u^2), declared as
+``fp32_div_ulps`` 1 (the tier reads n ulps as 2nu relative).
 
 Rows wider than 65536 keys are refused (one row per program in registers).
 """
@@ -35,7 +40,8 @@ _MASKED, _UPPER, _ALIGNED = (_KIND["scaled_masked"], _KIND["scaled_upper_triang"
 
 
 def _numerics(params) -> dict:
-    return {"compute_dtype": torch.float32, "exp_ulps": 1 if INTERPRET else 2}
+    return {"compute_dtype": torch.float32, "exp_ulps": 1 if INTERPRET else 2,
+            "fp32_div_ulps": 1}
 
 
 def _too_long(params) -> str | None:
@@ -81,16 +87,11 @@ def _softmax_fwd_kernel(x_ptr, mask_ptr, y_ptr, sq, sk, scale, rows_per_batch, M
     s = tl.where(inb, s, float("-inf"))
     m = tl.max(s, axis=0)
     e = tl.where(inb, tl.exp(s - m), 0.0)
-    total = tl.sum(e, axis=0)
+    inv_total = tl.math.div_rn(1.0, tl.sum(e, axis=0))  # the sum is >= 1: exp(0) is in it
     if KIND >= 2:
-        # The hidden keys' outputs are 0 whatever they divide to, and their e is 0 (unless the
-        # row max is near the fill): on CUDA div_rn's fast path refuses a zero dividend (FCHK)
-        # and calls a slow subroutine per element.  They divide total / total instead.  The
-        # kind is instruction-bound, not memory-bound; a heavier form of this plus the prefix
-        # read measured 52 -> 59 % of copy on an H100 (docs/benchmarks/2026-11-27-issue15).
-        y = tl.where(kept, tl.math.div_rn(tl.where(kept, e, total), total), 0.0)
+        y = tl.where(kept, e * inv_total, 0.0)  # hidden keys are 0 whatever the fill gave
     else:
-        y = tl.math.div_rn(e, total)
+        y = e * inv_total
     if KIND == 1:
         y = tl.where(m == FILL, 0.0, y)  # TE zeroes a row whose max is the fill
     store_f32(y_ptr, row * sk + cols, y, inb, IS_BF16)
