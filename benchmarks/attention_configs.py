@@ -21,11 +21,37 @@ from benchmarks import _timing as T  # noqa: E402
 from tealite.backends.triton import attention as A  # noqa: E402
 
 FWD = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4),
-       (128, 128, 8, 2), (64, 128, 4, 3)]
+       (128, 128, 8, 2), (64, 128, 4, 3), (128, 64, 8, 4), (128, 128, 8, 4), (128, 64, 4, 4)]
 DKDV = [(32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3),
-        (64, 128, 8, 3)]
+        (64, 128, 8, 3), (32, 128, 4, 5), (64, 128, 8, 4), (32, 128, 8, 4)]
 DQ = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3),
-      (128, 64, 8, 2)]
+      (128, 64, 8, 2), (128, 32, 4, 5), (128, 64, 8, 4), (128, 32, 8, 4)]
+
+
+def _sdpa_ms(q, k, v, do, causal: bool) -> dict:
+    """The fastest torch SDPA kernels on the same (bshd) tensors: cuDNN and flash, forward
+    and forward + backward minus forward (the rows the issue's targets compare against)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qt, kt, vt, dot = (t.transpose(1, 2).detach() for t in (q, k, v, do))
+    gqa = qt.shape[1] != kt.shape[1]
+    out = {}
+    for name, kind in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                       ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel(kind):
+                qr, kr, vr = (t.clone().requires_grad_() for t in (qt, kt, vt))
+                fwd = _time(lambda: F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal,
+                                                                   enable_gqa=gqa))
+                o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal, enable_gqa=gqa)
+                both = _time(lambda: torch.autograd.grad(
+                    F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal,
+                                                   enable_gqa=gqa), (qr, kr, vr), dot))
+                del o
+                out[name] = (fwd, both - fwd)
+        except Exception as exc:  # no kernel for this shape / build
+            print(f"sdpa {name}: failed {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+    return out
 
 
 def _time(fn, reps=10):
@@ -46,6 +72,9 @@ def main(argv=None):
     base = A.pick_blocks(d, d, torch.bfloat16)
     out, lse = tealite.attention_fwd(q, k, v, mask=mask, backend="triton")
     print(f"shape {args.shape} mask {mask}; table: {base}")
+    for name, (fwd, bwd) in _sdpa_ms(q, k, v, do, args.causal).items():
+        print(f"sdpa {name}: fwd {fwd:.3f} ms {flops / fwd / 1e9:.1f} TFLOP/s, "
+              f"bwd {bwd:.3f} ms {2.5 * flops / bwd / 1e9:.1f} TFLOP/s", flush=True)
     for name, cands, make in (
             ("fwd", FWD, lambda c: A.AttentionBlocks(A.Blocks(*c), base.dkdv, base.dq)),
             ("dkdv", DKDV, lambda c: A.AttentionBlocks(base.fwd, A.Blocks(*c), base.dq)),

@@ -23,8 +23,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tealite.backends.triton._attention_fwd import (bias2, key_range, load_tile, query_range,
-                                                    seq_info, to_input, visible)
+from tealite.backends.triton._attention_fwd import (bias2, full_key_range, full_query_range,
+                                                    key_range, load_part, load_tile,
+                                                    query_range, seq_info, to_input, visible)
 from tealite.backends.triton._io import load_f32, store_f32
 
 
@@ -59,6 +60,46 @@ def _lse2(lse_ptr, lse_offs, row_in):
 
 
 @triton.jit
+def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, l_base, lo, hi, cols,
+                       ar_m, d_qk, d_v, q_off, len_q, len_kv, off, left, right, s_qs, s_os,
+                       s_ls, D_QK, D_V, qk_scale2, bias_ptr, slopes_ptr, b64, h,
+                       s_bb, s_bh, s_bq, s_bk, s_ab, s_ah,
+                       MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_LEFT: tl.constexpr,
+                       HAS_RIGHT: tl.constexpr, BIAS_KIND: tl.constexpr,
+                       BIAS_BF16: tl.constexpr, BITS: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dK / dV of one key block over query blocks [lo, hi) of one query head.  Unmasked
+    (not MASKED): blocks of real rows that see every key of the block (full_query_range)."""
+    for m0 in range(lo, hi, BLOCK_M):
+        rows = m0 + ar_m
+        q_rows = (q_off + rows).to(tl.int64)
+        row_in = rows < len_q
+        qt = load_part(q_base, q_rows[None, :] * s_qs + d_qk[:, None], row_in[None, :],
+                       d_qk[:, None] < D_QK, MASKED, not EVEN_D, BITS)
+        st = tl.dot(k, qt, input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale2
+        if BIAS_KIND != 0:
+            st += tl.trans(bias2(bias_ptr, slopes_ptr, b64, h, rows, cols, len_q, len_kv,
+                                 s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, BIAS_KIND, BIAS_BF16))
+        lse2 = _lse2(lse_ptr, l_base + q_rows * s_ls, row_in)
+        if MASKED:
+            vis_t = tl.trans(visible(rows, cols, len_q, len_kv, off, left, right,
+                                     HAS_LEFT, HAS_RIGHT))
+            pt = tl.exp2(tl.where(vis_t, st - lse2[None, :], float("-inf")))  # 0 if hidden
+        else:
+            pt = tl.exp2(st - lse2[None, :])
+        do = load_part(do_base, q_rows[:, None] * s_os + d_v[None, :], row_in[:, None],
+                       d_v[None, :] < D_V, MASKED, not EVEN_D, BITS)
+        dv = tl.dot(to_input(pt, do, BITS), do, dv, input_precision=DOT_PRECISION,
+                    out_dtype=tl.float32)
+        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        delta = tl.load(delta_ptr + l_base + q_rows * s_ls, mask=row_in, other=0.0)
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(to_input(dst, qt, BITS), tl.trans(qt), dk,
+                    input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    return dk, dv
+
+
+@triton.jit
 def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                          bias_ptr, slopes_ptr, q_off_ptr, q_len_ptr, kv_off_ptr, kv_len_ptr,
                          s_qb, s_qs, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
@@ -68,7 +109,7 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
                          THD: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
                          HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          BIAS_KIND: tl.constexpr, BIAS_BF16: tl.constexpr,
-                         BITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         BITS: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
     n0 = tl.program_id(0) * BLOCK_N
@@ -89,34 +130,34 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     start, end = query_range(n0, len_q, len_kv, off, left, right, BLOCK_M, BLOCK_N,
                              HAS_LEFT, HAS_RIGHT)
+    full_lo, full_hi = full_query_range(start, end, n0, len_q, len_kv, off, left, right,
+                                        BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     for g in range(0, GROUP):
         h = hk * GROUP + g
         q_base = q_ptr + b64 * s_qb + h * s_qh
         do_base = do_ptr + b64 * s_ob + h * s_oh
         l_base = b64 * s_lb + h * s_lh
-        for m0 in range(start, end, BLOCK_M):
-            rows = m0 + ar_m
-            q_rows = (q_off + rows).to(tl.int64)
-            row_in = rows < len_q
-            qt = load_tile(q_base, q_rows[None, :] * s_qs + d_qk[:, None],
-                           row_in[None, :] & (d_qk[:, None] < D_QK), BITS)
-            st = tl.dot(k, qt, input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale2
-            if BIAS_KIND != 0:
-                st += tl.trans(bias2(bias_ptr, slopes_ptr, b64, h, rows, cols, len_q, len_kv,
-                                     s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, BIAS_KIND, BIAS_BF16))
-            vis_t = tl.trans(visible(rows, cols, len_q, len_kv, off, left, right,
-                                     HAS_LEFT, HAS_RIGHT))
-            lse2 = _lse2(lse_ptr, l_base + q_rows * s_ls, row_in)
-            pt = tl.exp2(tl.where(vis_t, st - lse2[None, :], float("-inf")))  # 0 where hidden
-            do = load_tile(do_base, q_rows[:, None] * s_os + d_v[None, :],
-                           row_in[:, None] & (d_v[None, :] < D_V), BITS)
-            dv = tl.dot(to_input(pt, do, BITS), do, dv, input_precision=DOT_PRECISION,
-                        out_dtype=tl.float32)
-            dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            delta = tl.load(delta_ptr + l_base + q_rows * s_ls, mask=row_in, other=0.0)
-            dst = pt * (dpt - delta[None, :])
-            dk = tl.dot(to_input(dst, qt, BITS), tl.trans(qt), dk,
-                        input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        # Query order as one masked loop: the causal edge, the unmasked middle, the window's
+        # far edge and the partial last query block.
+        if HAS_RIGHT:
+            dk, dv = _dkdv_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, l_base, start, full_lo,
+                cols, ar_m, d_qk, d_v, q_off, len_q, len_kv, off, left, right, s_qs, s_os,
+                s_ls, D_QK, D_V, qk_scale2, bias_ptr, slopes_ptr, b64, h, s_bb, s_bh, s_bq,
+                s_bk, s_ab, s_ah, True, EVEN_D, HAS_LEFT, HAS_RIGHT, BIAS_KIND, BIAS_BF16,
+                BITS, DOT_PRECISION, BLOCK_M)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, l_base, full_lo, full_hi,
+            cols, ar_m, d_qk, d_v, q_off, len_q, len_kv, off, left, right, s_qs, s_os,
+            s_ls, D_QK, D_V, qk_scale2, bias_ptr, slopes_ptr, b64, h, s_bb, s_bh, s_bq,
+            s_bk, s_ab, s_ah, False, EVEN_D, HAS_LEFT, HAS_RIGHT, BIAS_KIND, BIAS_BF16,
+            BITS, DOT_PRECISION, BLOCK_M)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, l_base, full_hi, end,
+            cols, ar_m, d_qk, d_v, q_off, len_q, len_kv, off, left, right, s_qs, s_os,
+            s_ls, D_QK, D_V, qk_scale2, bias_ptr, slopes_ptr, b64, h, s_bb, s_bh, s_bq,
+            s_bk, s_ab, s_ah, True, EVEN_D, HAS_LEFT, HAS_RIGHT, BIAS_KIND, BIAS_BF16,
+            BITS, DOT_PRECISION, BLOCK_M)
     if THD:
         n_store = len_kv
     else:
@@ -129,6 +170,38 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
 
 
 @triton.jit
+def _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, lo, hi, rows, ar_n, d_qk, d_v,
+                   kv_off, len_q, len_kv, off, left, right, s_ks, s_vs, D_QK, D_V, qk_scale2,
+                   bias_ptr, slopes_ptr, b64, h, s_bb, s_bh, s_bq, s_bk, s_ab, s_ah,
+                   MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_LEFT: tl.constexpr,
+                   HAS_RIGHT: tl.constexpr, BIAS_KIND: tl.constexpr, BIAS_BF16: tl.constexpr,
+                   BITS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ of one query block over key blocks [lo, hi); unmasked as the forward's."""
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + ar_n
+        kv_rows = (kv_off + cols).to(tl.int64)
+        kv_in = cols < len_kv
+        kt = load_part(k_base, kv_rows[None, :] * s_ks + d_qk[:, None], kv_in[None, :],
+                       d_qk[:, None] < D_QK, MASKED, not EVEN_D, BITS)
+        vt = load_part(v_base, kv_rows[None, :] * s_vs + d_v[:, None], kv_in[None, :],
+                       d_v[:, None] < D_V, MASKED, not EVEN_D, BITS)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale2
+        if BIAS_KIND != 0:
+            s += bias2(bias_ptr, slopes_ptr, b64, h, rows, cols, len_q, len_kv,
+                       s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, BIAS_KIND, BIAS_BF16)
+        if MASKED:
+            vis = visible(rows, cols, len_q, len_kv, off, left, right, HAS_LEFT, HAS_RIGHT)
+            p = tl.exp2(tl.where(vis, s - lse2[:, None], float("-inf")))  # 0 where hidden
+        else:
+            p = tl.exp2(s - lse2[:, None])
+        dp = tl.dot(do, vt, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(to_input(ds, q, BITS), tl.trans(kt), dq, input_precision=DOT_PRECISION,
+                    out_dtype=tl.float32)
+    return dq
+
+
+@triton.jit
 def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                        bias_ptr, slopes_ptr, q_off_ptr, q_len_ptr, kv_off_ptr, kv_len_ptr,
                        s_qb, s_qs, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh,
@@ -137,7 +210,7 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                        THD: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BIAS_KIND: tl.constexpr, BIAS_BF16: tl.constexpr,
-                       BITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       BITS: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
     m0 = tl.program_id(0) * BLOCK_M
@@ -163,24 +236,26 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
     dq = tl.zeros([BLOCK_M, BLOCK_DQK], tl.float32)
     start, end = key_range(m0, len_q, len_kv, off, left, right, BLOCK_M, BLOCK_N,
                            HAS_LEFT, HAS_RIGHT)
-    for n0 in range(start, end, BLOCK_N):
-        cols = n0 + ar_n
-        kv_rows = (kv_off + cols).to(tl.int64)
-        kv_in = cols < len_kv
-        kt = load_tile(k_base, kv_rows[None, :] * s_ks + d_qk[:, None],
-                       kv_in[None, :] & (d_qk[:, None] < D_QK), BITS)
-        vt = load_tile(v_base, kv_rows[None, :] * s_vs + d_v[:, None],
-                       kv_in[None, :] & (d_v[:, None] < D_V), BITS)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale2
-        if BIAS_KIND != 0:
-            s += bias2(bias_ptr, slopes_ptr, b64, h, rows, cols, len_q, len_kv,
-                       s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, BIAS_KIND, BIAS_BF16)
-        vis = visible(rows, cols, len_q, len_kv, off, left, right, HAS_LEFT, HAS_RIGHT)
-        p = tl.exp2(tl.where(vis, s - lse2[:, None], float("-inf")))  # 0 where hidden
-        dp = tl.dot(do, vt, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(to_input(ds, q, BITS), tl.trans(kt), dq, input_precision=DOT_PRECISION,
-                    out_dtype=tl.float32)
+    full_lo, full_hi = full_key_range(start, end, m0, len_kv, off, left, right, BLOCK_M,
+                                      BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if HAS_LEFT:
+        dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, start, full_lo, rows, ar_n,
+                            d_qk, d_v, kv_off, len_q, len_kv, off, left, right, s_ks, s_vs,
+                            D_QK, D_V, qk_scale2, bias_ptr, slopes_ptr, b64, h, s_bb, s_bh,
+                            s_bq, s_bk, s_ab, s_ah, True, EVEN_D, HAS_LEFT, HAS_RIGHT,
+                            BIAS_KIND, BIAS_BF16, BITS, DOT_PRECISION, BLOCK_N)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi, rows, ar_n,
+                        d_qk, d_v, kv_off, len_q, len_kv, off, left, right, s_ks, s_vs,
+                        D_QK, D_V, qk_scale2, bias_ptr, slopes_ptr, b64, h, s_bb, s_bh,
+                        s_bq, s_bk, s_ab, s_ah, False, EVEN_D, HAS_LEFT, HAS_RIGHT,
+                        BIAS_KIND, BIAS_BF16, BITS, DOT_PRECISION, BLOCK_N)
+    dq = _dq_key_blocks(dq, q, do, lse2, delta, k_base, v_base, full_hi, end, rows, ar_n,
+                        d_qk, d_v, kv_off, len_q, len_kv, off, left, right, s_ks, s_vs,
+                        D_QK, D_V, qk_scale2, bias_ptr, slopes_ptr, b64, h, s_bb, s_bh,
+                        s_bq, s_bk, s_ab, s_ah, True, EVEN_D, HAS_LEFT, HAS_RIGHT,
+                        BIAS_KIND, BIAS_BF16, BITS, DOT_PRECISION, BLOCK_N)
+    # Rows past len_q ran through the unmasked blocks on zero queries: zeroed here.
+    dq = tl.where(row_in[:, None], dq, 0.0)
     if THD:
         n_store = len_q
     else:

@@ -16,7 +16,11 @@ per-sequence lengths (``q_len``/``kv_len``) carry the padding mask.
 
 Visibility (tealite/attention_types.py): ``i < len_q``, ``j < len_kv``, and with a bounded
 window side ``i + off - left <= j <= i + off + right`` (causal masks arrive as right = 0).
-Only key blocks that can hold a visible key are visited (causal and window skip the rest).
+Only key blocks that can hold a visible key are visited (causal and window skip the rest),
+and only the edge blocks (window / causal edges, the partial last block) are masked: blocks
+every row of the program sees whole run without predicates (``full_key_range``; the
+backward's ``full_query_range``), with the head dim unmasked too when it is a power of two
+(``EVEN_D``).
 A row with no visible key keeps ``l = 0``: its output is 0 and its LSE -inf; the running max
 is replaced by 0 while it is -inf so that ``exp2(-inf - -inf)`` (NaN) never happens.
 
@@ -44,6 +48,32 @@ def load_tile(ptr, offs, mask, BITS: tl.constexpr):
         return (bits << 16).to(tl.float32, bitcast=True)
     else:
         return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def load_unmasked(ptr, offs, BITS: tl.constexpr):
+    """``load_tile`` of a tile known to lie wholly inside the tensor (no predicate: vector
+    loads)."""
+    if BITS:
+        bits = tl.load(ptr + offs).to(tl.int32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptr + offs)
+
+
+@triton.jit
+def load_part(ptr, offs, rows_in, d_in, ROWS: tl.constexpr, D: tl.constexpr,
+              BITS: tl.constexpr):
+    """``load_tile`` predicated only on what can be out of range: the rows (``rows_in``, when
+    ROWS) and the padded head dim (``d_in``, when D); both broadcast to the tile."""
+    if ROWS and D:
+        return load_tile(ptr, offs, rows_in & d_in, BITS)
+    elif ROWS:
+        return load_tile(ptr, offs, rows_in, BITS)
+    elif D:
+        return load_tile(ptr, offs, d_in, BITS)
+    else:
+        return load_unmasked(ptr, offs, BITS)
 
 
 @triton.jit
@@ -100,6 +130,45 @@ def query_range(n0, len_q, len_kv, off, left, right, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def full_key_range(start, end, m0, len_kv, off, left, right, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[lo, hi) inside the visited [start, end): the key blocks that every query row of
+    [m0, m0 + BLOCK_M) sees whole (every key < len_kv and inside the window), so they need no
+    mask.  Blocks below lo and from hi on are the masked edges; lo and hi are multiples of
+    BLOCK_N or equal to end.  Query rows past len_q do not narrow it (they are zeroed at the
+    store)."""
+    hi = len_kv
+    if HAS_RIGHT:  # key n0 + BLOCK_N - 1 <= m0 + off + right: the first row sees the block
+        hi = tl.minimum(hi, m0 + off + right + 1)
+    hi = (tl.maximum(hi, 0) // BLOCK_N) * BLOCK_N
+    lo = start
+    if HAS_LEFT:  # key n0 >= (m0 + BLOCK_M - 1) + off - left: the last row sees the block
+        first = tl.maximum(m0 + BLOCK_M - 1 + off - left, 0)
+        lo = tl.maximum(lo, ((first + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
+    lo = tl.minimum(lo, end)
+    return lo, tl.minimum(tl.maximum(hi, lo), end)
+
+
+@triton.jit
+def full_query_range(start, end, n0, len_q, len_kv, off, left, right, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """As ``full_key_range`` for the backward's key-block programs: the query blocks inside
+    [start, end) whose rows are all real (< len_q) and see every key of [n0, n0 + BLOCK_N),
+    which itself must lie below len_kv."""
+    hi = len_q
+    if HAS_LEFT:  # key n0 >= (m0 + BLOCK_M - 1) + off - left
+        hi = tl.minimum(hi, n0 - off + left + 1)
+    hi = (tl.maximum(hi, 0) // BLOCK_M) * BLOCK_M
+    hi = tl.where(n0 + BLOCK_N <= len_kv, hi, 0)
+    lo = start
+    if HAS_RIGHT:  # key n0 + BLOCK_N - 1 <= m0 + off + right
+        first = tl.maximum(n0 + BLOCK_N - 1 - off - right, 0)
+        lo = tl.maximum(lo, ((first + BLOCK_M - 1) // BLOCK_M) * BLOCK_M)
+    lo = tl.minimum(lo, end)
+    return lo, tl.minimum(tl.maximum(hi, lo), end)
+
+
+@triton.jit
 def bias2(bias_ptr, slopes_ptr, b, h, rows, cols, len_q, len_kv, s_bb, s_bh, s_bq, s_bk,
           s_ab, s_ah, BIAS_KIND: tl.constexpr, BIAS_BF16: tl.constexpr):
     """The post-scale bias of a (rows x cols) tile times log2(e): the given tensor
@@ -132,6 +201,45 @@ def seq_info(pid_bh, H, q_off_ptr, q_len_ptr, kv_off_ptr, kv_len_ptr, BOTTOM_RIG
 
 
 @triton.jit
+def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, lo, hi, rows, ar_n, d_qk, d_v,
+                    kv_off, len_q, len_kv, off, left, right, s_ks, s_vs, D_QK, D_V, qk_scale2,
+                    bias_ptr, slopes_ptr, b64, h, s_bb, s_bh, s_bq, s_bk, s_ab, s_ah,
+                    MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HAS_RIGHT: tl.constexpr, BIAS_KIND: tl.constexpr, BIAS_BF16: tl.constexpr,
+                    BITS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The online softmax over key blocks [lo, hi).  MASKED: the edge blocks (keys past
+    len_kv, window or causal edges: the visibility mask); otherwise blocks every row sees whole
+    (full_key_range), loaded and scored without any predicate."""
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + ar_n
+        kv_rows = (kv_off + cols).to(tl.int64)
+        kv_in = cols < len_kv
+        kt = load_part(k_base, kv_rows[None, :] * s_ks + d_qk[:, None], kv_in[None, :],
+                       d_qk[:, None] < D_QK, MASKED, not EVEN_D, BITS)
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale2
+        if BIAS_KIND != 0:
+            s += bias2(bias_ptr, slopes_ptr, b64, h, rows, cols, len_q, len_kv,
+                       s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, BIAS_KIND, BIAS_BF16)
+        if MASKED:
+            vis = visible(rows, cols, len_q, len_kv, off, left, right, HAS_LEFT, HAS_RIGHT)
+            s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # -inf only for a row that has seen no key yet (or a -inf bias): exp2(-inf - -inf)
+        # would be NaN.  One select per row, not per score.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_part(v_base, kv_rows[:, None] * s_vs + d_v[None, :], kv_in[:, None],
+                      d_v[None, :] < D_V, MASKED, not EVEN_D, BITS)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(to_input(p, v, BITS), v, acc, input_precision=DOT_PRECISION,
+                     out_dtype=tl.float32)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, bias_ptr, slopes_ptr,
                     q_off_ptr, q_len_ptr, kv_off_ptr, kv_len_ptr,
                     s_qb, s_qs, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_os, s_oh,
@@ -139,7 +247,7 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, bias_ptr, slopes_ptr,
                     H, GROUP, D_QK, D_V, S_Q_STORE, qk_scale2, left, right,
                     THD: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, BIAS_KIND: tl.constexpr, BIAS_BF16: tl.constexpr,
-                    BITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    BITS: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr):
     m0 = tl.program_id(0) * BLOCK_M
@@ -152,8 +260,9 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, bias_ptr, slopes_ptr,
     ar_n = tl.arange(0, BLOCK_N)
     b64 = b.to(tl.int64)
     q_rows = (q_off + rows).to(tl.int64)
+    row_in = rows < len_q
     q = load_tile(q_ptr, b64 * s_qb + h * s_qh + q_rows[:, None] * s_qs + d_qk[None, :],
-                  (rows[:, None] < len_q) & (d_qk[None, :] < D_QK), BITS)
+                  row_in[:, None] & (d_qk[None, :] < D_QK), BITS)
     k_base = k_ptr + b64 * s_kb + hk * s_kh
     v_base = v_ptr + b64 * s_vb + hk * s_vh
 
@@ -162,33 +271,32 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, bias_ptr, slopes_ptr,
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     start, end = key_range(m0, len_q, len_kv, off, left, right, BLOCK_M, BLOCK_N,
                            HAS_LEFT, HAS_RIGHT)
-    for n0 in range(start, end, BLOCK_N):
-        cols = n0 + ar_n
-        kv_rows = (kv_off + cols).to(tl.int64)
-        kv_in = cols < len_kv
-        kt = load_tile(k_base, kv_rows[None, :] * s_ks + d_qk[:, None],
-                       kv_in[None, :] & (d_qk[:, None] < D_QK), BITS)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale2
-        if BIAS_KIND != 0:
-            s += bias2(bias_ptr, slopes_ptr, b64, h, rows, cols, len_q, len_kv,
-                       s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, BIAS_KIND, BIAS_BF16)
-        vis = visible(rows, cols, len_q, len_kv, off, left, right, HAS_LEFT, HAS_RIGHT)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_tile(v_base, kv_rows[:, None] * s_vs + d_v[None, :],
-                      kv_in[:, None] & (d_v[None, :] < D_V), BITS)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(to_input(p, v, BITS), v, acc, input_precision=DOT_PRECISION,
-                     out_dtype=tl.float32)
-        m_i = m_new
+    full_lo, full_hi = full_key_range(start, end, m0, len_kv, off, left, right, BLOCK_M,
+                                      BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    # Three stretches, in key order: the window's left edge, the blocks every row sees whole
+    # (unmasked: about a tenth fewer instructions per score), the causal / window right edge
+    # and the partial last block.  Same summation order as one masked loop.
+    if HAS_LEFT:
+        acc, l_i, m_i = _fwd_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, start, full_lo, rows, ar_n, d_qk, d_v, kv_off,
+            len_q, len_kv, off, left, right, s_ks, s_vs, D_QK, D_V, qk_scale2, bias_ptr,
+            slopes_ptr, b64, h, s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, True, EVEN_D, HAS_LEFT,
+            HAS_RIGHT, BIAS_KIND, BIAS_BF16, BITS, DOT_PRECISION, BLOCK_N)
+    acc, l_i, m_i = _fwd_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, rows, ar_n, d_qk, d_v, kv_off,
+        len_q, len_kv, off, left, right, s_ks, s_vs, D_QK, D_V, qk_scale2, bias_ptr,
+        slopes_ptr, b64, h, s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, False, EVEN_D, HAS_LEFT,
+        HAS_RIGHT, BIAS_KIND, BIAS_BF16, BITS, DOT_PRECISION, BLOCK_N)
+    acc, l_i, m_i = _fwd_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, full_hi, end, rows, ar_n, d_qk, d_v, kv_off,
+        len_q, len_kv, off, left, right, s_ks, s_vs, D_QK, D_V, qk_scale2, bias_ptr,
+        slopes_ptr, b64, h, s_bb, s_bh, s_bq, s_bk, s_ab, s_ah, True, EVEN_D, HAS_LEFT,
+        HAS_RIGHT, BIAS_KIND, BIAS_BF16, BITS, DOT_PRECISION, BLOCK_N)
 
-    seen = l_i > 0.0
+    # Rows past len_q ran through the unmasked blocks on zero queries: zeroed here.
+    seen = (l_i > 0.0) & row_in
     inv_l = tl.where(seen, tl.math.div_rn(1.0, tl.where(seen, l_i, 1.0)), 0.0)
-    out = acc * inv_l[:, None]
+    out = tl.where(seen[:, None], acc * inv_l[:, None], 0.0)
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
     # Rows stored: every row of the padded bshd/sbhd sequence (padding rows get 0 / -inf),

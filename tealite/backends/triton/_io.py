@@ -42,7 +42,8 @@ def load_f32(ptr, offs, mask, IS_BF16: tl.constexpr):
 @triton.jit
 def store_f32(ptr, offs, v, mask, IS_BF16: tl.constexpr):
     if IS_BF16 and NATIVE_BF16_STORE:
-        tl.store(ptr + offs, v.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True), mask=mask)
+        rounded = v.to(tl.bfloat16, fp_downcast_rounding="rtne")
+        tl.store(ptr + offs, rounded.to(tl.int16, bitcast=True), mask=mask)
     elif IS_BF16:
         bits = v.to(tl.int32, bitcast=True)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # RNE on the dropped 16 bits

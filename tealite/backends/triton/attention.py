@@ -64,9 +64,10 @@ _INTERPRETER = AttentionBlocks(Blocks(16, 16, 1, 1), Blocks(16, 16, 1, 1), Block
 _GPU = {
     # d <= 64: not measured; dK/dV avoids (32, 128, 4 warps), the slowest at d = 128.
     64: AttentionBlocks(Blocks(128, 64, 4, 3), Blocks(32, 64, 4, 3), Blocks(128, 32, 4, 3)),
-    # d <= 128: H100 sweep (benchmarks/attention_configs.py, docs/benchmarks/
-    # 2026-11-27-h100-attention-configs.txt): fwd 401, dK/dV 332, dQ 325 TFLOP/s (bf16).
-    128: AttentionBlocks(Blocks(128, 64, 8, 3), Blocks(64, 128, 8, 3), Blocks(128, 32, 4, 3)),
+    # d <= 128: H100 sweep of the kernels with unmasked interior blocks (benchmarks/
+    # attention_configs.py, docs/benchmarks/2026-11-27-h100-attention-configs-unmasked.txt),
+    # bf16 8x4096x32x128: fwd 496 (causal 441), dK/dV 360 (305), dQ 371 (311) TFLOP/s.
+    128: AttentionBlocks(Blocks(128, 128, 8, 3), Blocks(64, 128, 8, 3), Blocks(128, 64, 8, 3)),
     256: AttentionBlocks(Blocks(64, 64, 4, 2), Blocks(32, 64, 4, 2), Blocks(64, 32, 4, 2)),
 }
 _GPU_FP32 = AttentionBlocks(Blocks(64, 32, 4, 2), Blocks(32, 32, 4, 2), Blocks(32, 32, 4, 2))
@@ -213,6 +214,12 @@ def _flags(q: torch.Tensor, c: AttentionConfig) -> dict:
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 or bits else None)
 
 
+def _even_d(d_qk: int, d_v: int) -> bool:
+    """Both head dims fill their tiles: the unmasked key / query blocks load without any
+    predicate (vector loads)."""
+    return (d_qk, d_v) == _d_blocks(d_qk, d_v)
+
+
 def _arg(t: torch.Tensor, flags: dict) -> torch.Tensor:
     return as_kernel_arg(t) if flags["BITS"] else t
 
@@ -258,7 +265,7 @@ def attention_fwd(q, k, v, config: AttentionConfig):
         *_bsh_strides(q, c.layout), *_bsh_strides(k, c.layout), *_bsh_strides(v, c.layout),
         *_bsh_strides(out, c.layout), *_lse_strides(lse, c.layout), *bias[2:8],
         h, h // hk, d_qk, d_v, sq.store_q, c.softmax_scale * LOG2E, *c.window,
-        BIAS_KIND=bias[8], BIAS_BF16=bias[9], **flags,
+        BIAS_KIND=bias[8], BIAS_BF16=bias[9], **flags, EVEN_D=_even_d(d_qk, d_v),
         BLOCK_M=blk.block_m, BLOCK_N=blk.block_n, BLOCK_DQK=_d_blocks(d_qk, d_v)[0],
         BLOCK_DV=_d_blocks(d_qk, d_v)[1], **_launch_opts(blk))
     return out, lse
@@ -297,7 +304,7 @@ def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
             BITS=flags["BITS"], BLOCK_M=bd.block_m, BLOCK_DV=_d_blocks(d_qk, d_v)[1])
     common = (*_bsh_strides(q, c.layout), *_bsh_strides(k, c.layout), *_bsh_strides(v, c.layout),
               *strides_o, *strides_l, *bias[2:8])
-    consts = dict(BIAS_KIND=bias[8], BIAS_BF16=bias[9], **flags,
+    consts = dict(BIAS_KIND=bias[8], BIAS_BF16=bias[9], **flags, EVEN_D=_even_d(d_qk, d_v),
                   BLOCK_DQK=_d_blocks(d_qk, d_v)[0], BLOCK_DV=_d_blocks(d_qk, d_v)[1])
     scale2 = c.softmax_scale * LOG2E
     seq_args = (sq.q_off, sq.q_len, sq.kv_off, sq.kv_len)

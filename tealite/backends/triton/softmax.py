@@ -8,8 +8,9 @@ of the sum per row (``div_rn``: Triton's ``/`` is approximate on CUDA) and a mul
 element; rows TE zeroes are zeroed (tealite/ops/softmax.py).  The reciprocal-and-multiply
 replaced a ``div_rn`` per element: on an H100 the exact division (a Newton sequence with a
 slow-path check) and the bf16 store's integer rounding made the masked and causal kinds
-instruction-bound at about 430 instructions per thread (docs/benchmarks.md).  The mask of ``scaled_masked`` is read as bytes
-from its (b or 1, 1, sq, sk) layout: row r = ((batch * heads) + head) * sq + q reads mask row
+instruction-bound at about 430 instructions per thread (64 / 52 % of copy); without them they
+run at 90 / 101 % (docs/benchmarks.md).  The mask of ``scaled_masked`` is read as bytes from
+its (b or 1, 1, sq, sk) layout: row r = ((batch * heads) + head) * sq + q reads mask row
 (batch or 0) * sq + q.  Backward: c = sum(dy * y) over the kept keys,
 dx = scale * (dy * y - y * c).
 
