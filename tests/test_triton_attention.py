@@ -343,6 +343,8 @@ import triton.language as tl  # noqa: E402
 # The real helpers, bound before any test patches the modules (a seeded helper calls these).
 _VISIBLE = FWD.visible
 _KEY_RANGE = FWD.key_range
+_FULL_KEYS = FWD.full_key_range
+_FULL_QUERIES = FWD.full_query_range
 
 
 @triton.jit
@@ -357,6 +359,24 @@ def _key_range_one_short(m0, len_q, len_kv, off, left, right, BLOCK_M: tl.conste
     lo, hi = _KEY_RANGE(m0, len_q, len_kv, off, left, right, BLOCK_M, BLOCK_N,
                            HAS_LEFT, HAS_RIGHT)
     return lo, hi - BLOCK_N   # the last key block is never visited
+
+
+@triton.jit
+def _full_keys_one_block_wider(start, end, m0, len_kv, off, left, right, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+                               HAS_RIGHT: tl.constexpr):
+    lo, hi = _FULL_KEYS(start, end, m0, len_kv, off, left, right, BLOCK_M, BLOCK_N,
+                        HAS_LEFT, HAS_RIGHT)
+    return lo, tl.minimum(hi + BLOCK_N, end)   # the diagonal / last block read unmasked
+
+
+@triton.jit
+def _full_queries_ignore_len_q(start, end, n0, len_q, len_kv, off, left, right,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    lo, hi = _FULL_QUERIES(start, end, n0, len_q + BLOCK_M, len_kv, off, left, right,
+                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    return lo, hi   # a block holding padding rows runs unmasked
 
 
 @triton.jit
@@ -377,6 +397,15 @@ SEEDED = [
                  Case(window=(5, 3)), id="window-left-dropped"),
     pytest.param([(FWD, "key_range", _key_range_one_short)], Case(mask="causal"),
                  id="last-key-block-skipped"),
+    # The unmasked interior (full_key_range / full_query_range): one block too many is caught.
+    # Interpreter tiles are 16 x 16, so these sequences have interior and edge blocks.
+    pytest.param([(FWD, "full_key_range", _full_keys_one_block_wider)],
+                 Case(mask="causal", sq=70, sk=70, d=32, dv=32), id="fwd-diagonal-unmasked"),
+    pytest.param([(BWD, "full_key_range", _full_keys_one_block_wider)],
+                 Case(mask="causal", sq=70, sk=70, d=32, dv=32), id="dq-diagonal-unmasked"),
+    pytest.param([(BWD, "full_query_range", _full_queries_ignore_len_q)],
+                 Case(mask="padding", b=2, sq=64, sk=64, d=32, dv=32, lens_q=(40, 64),
+                      lens_kv=(64, 64)), id="dkdv-padding-rows-unmasked"),
     pytest.param([(FWD, "to_input", _p_rounded_to_4_bits)], Case(), id="P-too-coarse"),
     pytest.param([(BWD, "to_input", _p_rounded_to_4_bits)], Case(), id="dS-too-coarse"),
     pytest.param([(BWD, "_lse2", _lse2_natural)], Case(mask="causal"), id="bwd-lse-base"),
