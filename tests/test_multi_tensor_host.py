@@ -119,16 +119,17 @@ def test_host_cost_script_stubs_the_launch(monkeypatch, capsys):
     from tealite.backends.triton import multi_tensor as tmt
     real = tmt._adam_kernel
     with hc.launches_stubbed() as stubs:
-        calls = hc.make_calls(6, 8, "cpu")
+        calls = hc.make_calls(hc.make_lists(6, 8, "cpu"))
         for fn in calls.values():
             fn()
         assert {k: s.launches for k, s in stubs.items()} == {
             "_adam_kernel": 1, "_sgd_kernel": 1, "_scale_kernel": 0, "_sumsq_kernel": 1}
     assert tmt._adam_kernel is real
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    hc.main(["--tensors", "6", "--max-log2", "8", "--reps", "2"])
+    hc.main(["--tensors", "6", "--max-log2", "8", "--reps", "2", "--reads"])
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split()[0] for ln in lines] == list(calls) and "ms min per call" in lines[0]
+    assert [ln.split()[0] for ln in lines[:-1]] == list(calls) and "ms min per call" in lines[0]
+    assert lines[-1].startswith("one pass per attribute") and "data_ptr" in lines[-1]
 
 
 def test_adam_through_the_fast_path_matches_the_torch_backend():
