@@ -31,12 +31,14 @@ are wrong).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from tealite.backends._host_tables import device_table
+from tealite.backends._host_tables import device_table, device_table_of_array
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import load_f32, store_f32
 from tealite.formats import get_format
@@ -50,18 +52,28 @@ BLOCK = 4096 if INTERPRET else 1024
 _ELT = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.int16}
 
 
+def _numels(tensors) -> np.ndarray:
+    return np.fromiter(map(torch.Tensor.numel, tensors), dtype=np.int64, count=len(tensors))
+
+
 def chunk_table(tensors, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(chunk -> tensor index int32, chunk -> first element int64, tensor -> numel int64),
-    built with numpy (a Python loop over the chunks of 1000 tensors cost milliseconds per
-    optimizer step)."""
-    numels = np.fromiter((t.numel() for t in tensors), dtype=np.int64, count=len(tensors))
+    a function of the element counts alone: cached on them (an optimizer's list has the same
+    counts step after step), so a repeated list costs one pass over ``numel``."""
+    numels = _numels(tensors)
+    return _chunk_tables(numels.tobytes(), str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk_tables(raw_numels: bytes, device: str):
+    numels = np.frombuffer(raw_numels, dtype=np.int64)
     per = -(-numels // MTA_CHUNK_ELEMENTS)  # chunks per tensor; an empty tensor has none
-    owner = np.repeat(np.arange(len(tensors), dtype=np.int64), per)
+    owner = np.repeat(np.arange(numels.size, dtype=np.int64), per)
     before = np.repeat(np.cumsum(per) - per, per)  # chunks of the tensors before the owner
     start = (np.arange(owner.size, dtype=np.int64) - before) * MTA_CHUNK_ELEMENTS
-    return (device_table(owner.tolist(), torch.int32, device),
-            device_table(start.tolist(), torch.int64, device),
-            device_table(numels.tolist(), torch.int64, device))
+    return (device_table_of_array(owner, torch.int32, device),
+            device_table_of_array(start, torch.int64, device),
+            device_table_of_array(numels, torch.int64, device))
 
 
 def _params(values, device) -> torch.Tensor:
@@ -74,17 +86,20 @@ def address_tables(lists, device) -> tuple[tuple[torch.Tensor, ...], bool]:
     """Each list's address table (the tensors' data addresses: contiguous storage is required,
     see _contiguous), and whether every address is a multiple of 16 bytes (fresh
     allocations are; a view into the middle of a storage may not be): the kernels'
-    vector-access hint ``ALIGNED`` is then true.  One pass over the addresses."""
-    ptrs = [[t.data_ptr() for t in lst] for lst in lists]
-    aligned = all(p % 16 == 0 for lst in ptrs for p in lst)
-    return tuple(device_table(lst, torch.int64, device) for lst in ptrs), aligned
+    vector-access hint ``ALIGNED`` is then true.  One C-level pass over ``data_ptr`` per list
+    into an int64 array; the alignment is one OR over all of them."""
+    ptrs = [np.fromiter(map(torch.Tensor.data_ptr, lst), dtype=np.int64, count=len(lst))
+            for lst in lists]
+    aligned = not any(int(np.bitwise_or.reduce(p)) & 15 for p in ptrs if p.size)
+    return tuple(device_table_of_array(p, torch.int64, device) for p in ptrs), aligned
 
 
 def _contiguous(tensors) -> None:
+    if all(map(torch.Tensor.is_contiguous, tensors)):
+        return
     bad = [i for i, t in enumerate(tensors) if not t.is_contiguous()]
-    if bad:
-        raise ValueError(f"the Triton multi-tensor kernels address tensors as flat storage: "
-                         f"tensor {bad[0]} is not contiguous")
+    raise ValueError(f"the Triton multi-tensor kernels address tensors as flat storage: "
+                     f"tensor {bad[0]} is not contiguous")
 
 
 @triton.jit
