@@ -24,6 +24,8 @@ backward writes ``C n_e g`` per token block.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -31,13 +33,37 @@ import triton.language as tl
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.moe_types import RouterConfig, ScoreFunction, TieRule
+from tealite.scoped import Scoped
 from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_EXPERTS = 8192
-_TILE = 4096  # elements of one program's (tokens, experts) tile
 # Score kinds (constexpr): softmax after the top-k, softmax before it, sigmoid.
 _POST, _PRE, _SIGMOID = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One kernel's program shape: at most ``rows`` tokens and ``elements`` (tokens x padded
+    experts) per program, ``warps`` warps.  A row's reductions may change order with the shape
+    (a sum is then rounded differently, within the declared bounds), so a config becomes the
+    default only where benchmarks/router_configs.py reports the default's bits."""
+
+    elements: int = 4096
+    rows: int = 16
+    warps: int = 4
+
+
+@dataclass(frozen=True)
+class RouterTiles:
+    """The router kernels' program shapes (forward, backward); ``TILES.override(fwd=...)``
+    sets them for one block and thread (the GPU config sweep)."""
+
+    fwd: Tile = Tile()
+    bwd: Tile = Tile()
+
+
+TILES: Scoped[RouterTiles] = Scoped("triton.router.TILES", RouterTiles)
 
 
 def _numerics(params) -> dict:
@@ -269,9 +295,9 @@ def _aux_loss_bwd_kernel(g_ptr, n_ptr, c_ptr, dp_ptr, tokens, experts, IS_BF16: 
               tl.zeros((BT, BE), tl.float32) + row[None, :], valid, IS_BF16)
 
 
-def _blocks(tokens: int, experts: int) -> tuple[int, int, int]:
+def _blocks(tokens: int, experts: int, tile: Tile = Tile()) -> tuple[int, int, int]:
     be = triton.next_power_of_2(max(experts, 1))
-    bt = max(1, min(16, _TILE // be))
+    bt = max(1, min(tile.rows, tile.elements // be))
     return bt, be, triton.cdiv(tokens, bt)
 
 
@@ -280,7 +306,8 @@ def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
     x = logits.contiguous()
     out = torch.empty((t, e), dtype=torch.float32 if aux else x.dtype, device=x.device)
     chosen = torch.empty((t, e), dtype=torch.bool, device=x.device)
-    bt, be, grid = _blocks(t, e)
+    tile = TILES.get().fwd
+    bt, be, grid = _blocks(t, e, tile)
     if grid == 0:
         return out.zero_(), chosen.zero_()
     bias = expert_bias.float().contiguous() if expert_bias is not None else x
@@ -294,7 +321,7 @@ def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
         GROUPED=config.grouped, NORMALISE=config.normalises, AUX=aux,
         IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be,
         BG=triton.next_power_of_2(ng) if slot != gs else be // slot, BGS=slot,
-        PADDED=config.grouped and slot != gs)
+        PADDED=config.grouped and slot != gs, num_warps=tile.warps)
     return out, chosen
 
 
@@ -302,7 +329,8 @@ def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
     t, e = logits.shape
     x, g = logits.contiguous(), grad.contiguous()
     dx = torch.empty_like(x)
-    bt, be, grid = _blocks(t, e)
+    tile = TILES.get().bwd
+    bt, be, grid = _blocks(t, e, tile)
     if grid == 0:
         return dx
     kind = _kind(config) if not aux else (_SIGMOID if config.score_function ==
@@ -311,7 +339,8 @@ def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
     _router_bwd_kernel[(grid,)](
         g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), t, e,
         1.0 if aux else float(config.scale), KIND=kind, NORMALISE=config.normalises,
-        ALL=routing_map is None, G_F32=aux, IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be)
+        ALL=routing_map is None, G_F32=aux, IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be,
+        num_warps=tile.warps)
     return dx
 
 
