@@ -441,14 +441,19 @@ def test_sigmoid_bound_covers_an_exp2_based_exp_and_catches_an_ulp_bias():
 
 @pytest.mark.parametrize("experts,groups", [(15, (5, 2)), (24, (4, 2)), (13, None)],
                          ids=["group-size-3", "group-size-6", "prime"])
-@pytest.mark.parametrize("score_function", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("score_function,dtype", [("softmax", torch.float32),
+                                                  ("softmax", torch.bfloat16),
+                                                  ("sigmoid", torch.float16)])
 def test_triton_router_ties_pick_the_torch_backends_experts(triton_device, experts, groups,
-                                                            score_function):
-    """Small-integer logits (ties within rows and between groups' scores): the Triton map is
-    the torch backend's (stable sort: lowest index first, declared by both), also for group
-    sizes that are not a power of two (the kernel gathers groups into padded slots)."""
+                                                            score_function, dtype):
+    """Small-integer logits, -0 among the zeros (ties within rows and between groups'
+    scores): the Triton map is the torch backend's (stable sort: lowest index first, declared
+    by both), for float scores and for 16-bit logits' packed keys (softmax after the top-k),
+    also for group sizes that are not a power of two (groups gathered into padded slots)."""
     g = torch.Generator().manual_seed(experts)
-    x = torch.randint(0, 3, (11, experts), generator=g).float()
+    x = torch.randint(-2, 1, (11, experts), generator=g).float()  # the top-4 end among zeros
+    x[(x == 0) & (torch.rand(x.shape, generator=g) < 0.5)] = -0.0
+    x = x.to(dtype)
     kw = dict(score_function=score_function)
     if groups:
         kw.update(num_groups=groups[0], group_topk=groups[1])

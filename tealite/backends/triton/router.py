@@ -137,6 +137,26 @@ def _select(r, eligible, k, AXIS: tl.constexpr):
     return eligible & ((r > at) | (tie & (rank <= tl.expand_dims(k - above, AXIS))))
 
 
+_TAKEN = tl.constexpr(-2147483647)  # a packed key already chosen (every real key is larger)
+
+
+@triton.jit
+def _select_packed(x, eligible, cols, k):
+    """``_select`` for scores that are 16-bit floats widened to fp32 (their low 13 bits are
+    zero; experts <= 8192): the order-preserving integer of the score with ``8191 - column``
+    in those bits is one distinct key per expert, ordered as (score, lowest index first), so
+    each pass is one integer max and one knock-out, with no counts and no rank among ties
+    (TE's regime: bf16 logits, softmax after the top-k)."""
+    bits = x.to(tl.int32, bitcast=True)
+    ordered = tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))  # -0 ties +0
+    ok = eligible & (x == x)
+    key = tl.where(ok, (ordered & -8192) | (8191 - cols)[None, :], -2147483648)
+    for _ in range(0, k):
+        m = tl.max(key, axis=1)
+        key = tl.where(key == m[:, None], _TAKEN, key)
+    return ok & (key == _TAKEN)
+
+
 @triton.jit
 def _top_sum(w, p, AXIS: tl.constexpr):
     """Along ``AXIS``: the sum of the ``p`` largest entries of ``w`` (with multiplicity, -inf
@@ -189,7 +209,7 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
                        HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr, NORMALISE: tl.constexpr,
                        AUX: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
                        BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
-                       PADDED: tl.constexpr):
+                       PADDED: tl.constexpr, PACKED: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BE)
     valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
@@ -212,7 +232,10 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
     if GROUPED:
         eligible = _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
                              BT, BE, BG, BGS, PADDED)
-    chosen = _select(route, eligible, topk, 1)
+    if PACKED:
+        chosen = _select_packed(route, eligible, cols, topk)
+    else:
+        chosen = _select(route, eligible, topk, 1)
     if AUX:
         w = s
     elif KIND == 0:
@@ -321,7 +344,8 @@ def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
         GROUPED=config.grouped, NORMALISE=config.normalises, AUX=aux,
         IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be,
         BG=triton.next_power_of_2(ng) if slot != gs else be // slot, BGS=slot,
-        PADDED=config.grouped and slot != gs, num_warps=tile.warps)
+        PADDED=config.grouped and slot != gs, PACKED=_kind(config) == _POST and not aux
+        and x.dtype != torch.float32, num_warps=tile.warps)
     return out, chosen
 
 
