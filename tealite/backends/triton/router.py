@@ -3,24 +3,36 @@ block of tokens, the block's whole (tokens, experts) tile in registers (experts 
 power of two, so any expert count, prime or not, runs with a masked tail).
 
 Forward, per token: the routing scores in fp32 (logits; softmax: max, exp, sum, IEEE
-division ``div_rn``; sigmoid ``div_rn(1, 1 + exp(-x))`` + bias), the group scores (each
-group's ``topk // group_topk`` best, taken one at a time) and the best ``group_topk``
-groups, then the top-k one expert at a time: the row maximum among the eligible experts not
-yet taken, and among equal scores the lowest expert index (declared ``topk_ties =
-lowest_index``); then the weights (softmax over the chosen logits, the pre-softmax score, or
-the sigmoid normalised by its sum + 1e-20) times the scaling factor.  Backward at the given
-map: the softmax / normalisation / sigmoid gradients in fp32.  The aux-loss scores use the
-same kernels (softmax over all experts, or the sigmoid normalised over all of them; their
-backward is the router backward with every expert in the map).
+division ``div_rn``; sigmoid ``div_rn(1, 1 + exp(-x))`` + bias), the group scores and the
+best ``group_topk`` groups, then the top-k among the eligible experts, and among equal scores
+the lowest expert index (declared ``topk_ties = lowest_index``); then the weights (softmax
+over the chosen logits, the pre-softmax score, or the sigmoid normalised by its sum + 1e-20)
+times the scaling factor.  Backward at the given map: the softmax / normalisation / sigmoid
+gradients in fp32.  The aux-loss scores use the same kernels (softmax over all experts, or
+the sigmoid normalised over all of them; their backward is the router backward with every
+expert in the map).
+
+Selection (exact, so any order of work gives the same map): the k-th largest score T of a
+row is found by one pass per distinct value (row max, how many share it, those knocked out
+to -inf), and the chosen are the scores above T plus the lowest-index ties at T (a running
+count along the row).  A group's score adds its ``topk // group_topk`` best, largest first
+into 0, as taking them one at a time does; the groups are a (groups, slot) view of the row
+(gathered into padded slots when the group size is not a power of two).  16-bit logits with
+the softmax after the top-k (TE's bf16 regime) pack the column into the 13 low bits a
+widened 16-bit float leaves zero: one integer max per pass.  Before 2026-11-27 the top-k
+took one expert per pass over boolean tiles (832 SASS instructions per pass at 16 x 256 on
+sm_90; now 209, packed 98) at 5-11 % of copy bandwidth on an H100.
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
-exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  Not yet run on a GPU: both
-kernels cross-compile with triton 3.9 for sm_90 (to a cubin, no local-memory spills at 16
-tokens x 256 experts, bf16, sigmoid with groups and bias) and for gfx942.  Rows wider than 8192
-experts are refused (one token block in registers).  The aux loss: one program sums probs
-over the tokens block by block (fp32 column sums), weights them by the tokens per expert and
-multiplies by TE's constant (computed on the host in float32 as the torch backend does); its
-backward writes ``C n_e g`` per token block.
+exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
+over the same (16 tokens x 256 experts, 4 warps) layout as before, so the sums' order is
+unchanged; another program shape (``TILES``, swept by benchmarks/router_configs.py) may sum
+in another order (within the declared bounds).  The forward cross-compiles with triton 3.9
+for sm_90 without local-memory spills (tests/test_router_compiled.py) and for gfx942.  Rows wider than 8192
+experts are refused (one token block in registers; the packed keys' 13 column bits).  The aux
+loss: one program sums probs over the tokens block by block (fp32 column sums), weights them
+by the tokens per expert and multiplies by TE's constant (computed on the host in float32 as
+the torch backend does); its backward writes ``C n_e g`` per token block.
 """
 from __future__ import annotations
 
