@@ -96,6 +96,15 @@ def _kind(config: RouterConfig) -> int:
     return _PRE if config.use_pre_softmax else _POST
 
 
+# _FAST_PATH: an IEEE division (``div_rn``) on sm_90 is a reciprocal, five FMAs and a range
+# check (FCHK) that calls a ~100-instruction subroutine for operands the FMAs cannot handle,
+# among them a zero or subnormal dividend (the FMA sequence would turn -0 into +0; the
+# subroutine starts by testing the exponent fields for 0 and 255).  A warp runs the call when
+# any lane needs it, so dividing the ~97 % of a row outside the top-k as 0 / total would take
+# it for every element group: divisions whose result is masked out divide 1 instead (the
+# kept quotients, hence the bits, are unchanged).
+
+
 @triton.jit
 def _row_softmax(x, keep):
     """Softmax over ``keep`` along axis 1 (0 elsewhere), IEEE division."""
@@ -104,7 +113,9 @@ def _row_softmax(x, keep):
     m = tl.where(m == float("-inf"), 0.0, m)
     e = tl.where(keep, tl.exp(xs - m[:, None]), 0.0)
     total = tl.sum(e, axis=1)
-    return tl.where(keep, tl.math.div_rn(e, tl.where(total == 0.0, 1.0, total)[:, None]), 0.0)
+    # Outside ``keep`` the quotient is discarded: 1, not 0, goes in (see _FAST_PATH).
+    return tl.where(keep, tl.math.div_rn(tl.where(keep, e, 1.0),
+                                         tl.where(total == 0.0, 1.0, total)[:, None]), 0.0)
 
 
 @triton.jit
@@ -288,7 +299,7 @@ def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
         if NORMALISE:
             total = tl.sum(tl.where(m, s, 0.0), axis=1) + 1e-20
             p = tl.sum(g * tl.where(m, s, 0.0), axis=1)
-            g = tl.where(m, tl.math.div_rn(g, total[:, None])
+            g = tl.where(m, tl.math.div_rn(tl.where(m, g, 1.0), total[:, None])  # _FAST_PATH
                          - tl.math.div_rn(p, total * total)[:, None], 0.0)
         dx = g * s * (1.0 - s)
     else:
