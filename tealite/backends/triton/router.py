@@ -97,12 +97,12 @@ def _kind(config: RouterConfig) -> int:
 
 
 # _FAST_PATH: an IEEE division (``div_rn``) on sm_90 is a reciprocal, five FMAs and a range
-# check (FCHK) that calls a ~100-instruction subroutine for operands the FMAs cannot handle,
-# among them a zero or subnormal dividend (the FMA sequence would turn -0 into +0; the
-# subroutine starts by testing the exponent fields for 0 and 255).  A warp runs the call when
-# any lane needs it, so dividing the ~97 % of a row outside the top-k as 0 / total would take
-# it for every element group: divisions whose result is masked out divide 1 instead (the
-# kept quotients, hence the bits, are unchanged).
+# check (FCHK) that calls a ~100-instruction subroutine for operands the FMAs cannot handle.
+# Read from the SASS (not yet timed): a zero dividend is one of them (the FMAs would turn -0
+# into +0; the subroutine starts by testing the exponent fields for 0 and 255).  A warp runs
+# the call when any lane needs it, so 0 / total for the ~97 % of a row outside the top-k
+# would take it for every group of elements: divisions whose result is masked out divide 1
+# instead (the kept quotients, hence the bits, are unchanged).
 
 
 @triton.jit
