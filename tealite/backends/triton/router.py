@@ -36,6 +36,7 @@ the torch backend does); its backward writes ``C n_e g`` per token block.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -341,10 +342,32 @@ def _aux_loss_bwd_kernel(g_ptr, n_ptr, c_ptr, dp_ptr, tokens, experts, IS_BF16: 
               tl.zeros((BT, BE), tl.float32) + row[None, :], valid, IS_BF16)
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _blocks(tokens: int, experts: int, tile: Tile = Tile()) -> tuple[int, int, int]:
-    be = triton.next_power_of_2(max(experts, 1))
+    be = _pow2(experts)
     bt = max(1, min(tile.rows, tile.elements // be))
-    return bt, be, triton.cdiv(tokens, bt)
+    return bt, be, -(-tokens // bt)
+
+
+@functools.lru_cache(maxsize=256)
+def _fwd_options(experts: int, config: RouterConfig, aux: bool, has_bias: bool,
+                 dtype: torch.dtype, tile: Tile) -> tuple[int, dict]:
+    """(tokens per program, the forward kernel's compile-time arguments): a pure function of
+    the call's shape and options, so computed once per configuration, not per call."""
+    bt, be, _ = _blocks(1, experts, tile)
+    ng = config.num_groups or 1
+    gs = experts // ng
+    slot = _pow2(gs)  # a group's slot in the tile
+    kind = _kind(config)
+    return bt, dict(KIND=kind, HAS_BIAS=has_bias, GROUPED=config.grouped,
+                    NORMALISE=config.normalises, AUX=aux, IS_BF16=dtype == torch.bfloat16,
+                    BT=bt, BE=be, BG=_pow2(ng) if slot != gs else be // slot, BGS=slot,
+                    PADDED=config.grouped and slot != gs,
+                    PACKED=kind == _POST and not aux and dtype != torch.float32,
+                    num_warps=tile.warps)
 
 
 def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
@@ -352,23 +375,16 @@ def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
     x = logits.contiguous()
     out = torch.empty((t, e), dtype=torch.float32 if aux else x.dtype, device=x.device)
     chosen = torch.empty((t, e), dtype=torch.bool, device=x.device)
-    tile = TILES.get().fwd
-    bt, be, grid = _blocks(t, e, tile)
-    if grid == 0:
-        return out.zero_(), chosen.zero_()
+    if t == 0:
+        return out, chosen
+    bt, options = _fwd_options(e, config, aux, expert_bias is not None, x.dtype,
+                               TILES.get().fwd)
     bias = expert_bias.float().contiguous() if expert_bias is not None else x
     ng = config.num_groups or 1
-    gs = e // ng
-    slot = triton.next_power_of_2(gs)  # a group's slot in the tile
-    _router_fwd_kernel[(grid,)](
+    _router_fwd_kernel[(-(-t // bt),)](
         as_kernel_arg(x), bias, out if aux else as_kernel_arg(out), chosen.view(torch.int8),
-        t, e, config.topk, ng, config.group_topk or 1, config.per_group, gs,
-        float(config.scale), KIND=_kind(config), HAS_BIAS=expert_bias is not None,
-        GROUPED=config.grouped, NORMALISE=config.normalises, AUX=aux,
-        IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be,
-        BG=triton.next_power_of_2(ng) if slot != gs else be // slot, BGS=slot,
-        PADDED=config.grouped and slot != gs, PACKED=_kind(config) == _POST and not aux
-        and x.dtype != torch.float32, num_warps=tile.warps)
+        t, e, config.topk, ng, config.group_topk or 1, config.per_group, e // ng,
+        float(config.scale), **options)
     return out, chosen
 
 
