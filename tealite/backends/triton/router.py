@@ -200,9 +200,24 @@ def _top_sum(w, p, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _best_two(a1, a2, b1, b2):
+    """Combine two (largest, second largest) pairs, counting equal values twice."""
+    return tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2))
+
+
+@triton.jit
+def _top_two_sum(w, AXIS: tl.constexpr):
+    """``_top_sum(w, 2, AXIS)`` in one reduction (DeepSeek-V3's 8 groups, 4 kept, top-8):
+    the largest and the second largest (with multiplicity), added into 0 in that order."""
+    first, second = tl.reduce((w, tl.full(w.shape, float("-inf"), tl.float32)), AXIS,
+                              _best_two)
+    return (0.0 + first) + second
+
+
+@triton.jit
 def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
               BT: tl.constexpr, BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
-              PADDED: tl.constexpr):
+              PADDED: tl.constexpr, TOP_TWO: tl.constexpr):
     """The experts of each row's ``group_topk`` best groups (group score: the sum of its
     ``per_group`` best routing scores; ties to the lowest group).  The row is viewed as a
     (BG, BGS) tile of group slots: as it is when the group size is a power of two (slots
@@ -215,7 +230,10 @@ def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
         w = tl.where(((j < group_size) & (g < num_groups))[None, :],
                      tl.gather(w, tl.broadcast_to(src[None, :], (BT, BG * BGS)), 1),
                      float("-inf"))
-    gscore = _top_sum(tl.reshape(w, (BT, BG, BGS)), per_group, 2)
+    if TOP_TWO:
+        gscore = _top_two_sum(tl.reshape(w, (BT, BG, BGS)), 2)
+    else:
+        gscore = _top_sum(tl.reshape(w, (BT, BG, BGS)), per_group, 2)
     gcols = tl.arange(0, BG)
     gsel = _select(gscore, (gcols < num_groups)[None, :], group_topk, 1)
     if PADDED:
@@ -233,7 +251,7 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
                        HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr, NORMALISE: tl.constexpr,
                        AUX: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
                        BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
-                       PADDED: tl.constexpr, PACKED: tl.constexpr):
+                       PADDED: tl.constexpr, PACKED: tl.constexpr, TOP_TWO: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BE)
     valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
@@ -255,7 +273,7 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
     eligible = valid
     if GROUPED:
         eligible = _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
-                             BT, BE, BG, BGS, PADDED)
+                             BT, BE, BG, BGS, PADDED, TOP_TWO)
     if PACKED:
         chosen = _select_packed(route, eligible, cols, topk)
     else:
@@ -367,6 +385,7 @@ def _fwd_options(experts: int, config: RouterConfig, aux: bool, has_bias: bool,
                     BT=bt, BE=be, BG=_pow2(ng) if slot != gs else be // slot, BGS=slot,
                     PADDED=config.grouped and slot != gs,
                     PACKED=kind == _POST and not aux and dtype != torch.float32,
+                    TOP_TWO=config.grouped and config.per_group == 2,
                     num_warps=tile.warps)
 
 
