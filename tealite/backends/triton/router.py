@@ -17,11 +17,13 @@ row is found by one pass per distinct value (row max, how many share it, those k
 to -inf), and the chosen are the scores above T plus the lowest-index ties at T (a running
 count along the row).  A group's score adds its ``topk // group_topk`` best, largest first
 into 0, as taking them one at a time does; the groups are a (groups, slot) view of the row
-(gathered into padded slots when the group size is not a power of two).  16-bit logits with
+(gathered into padded slots when the group size is not a power of two; with two per group,
+one (largest, second) reduction).  16-bit logits with
 the softmax after the top-k (TE's bf16 regime) pack the column into the 13 low bits a
 widened 16-bit float leaves zero: one integer max per pass.  Before 2026-11-27 the top-k
 took one expert per pass over boolean tiles (832 SASS instructions per pass at 16 x 256 on
-sm_90; now 209, packed 98) at 5-11 % of copy bandwidth on an H100.
+sm_90; now 209, packed 98) at 5-11 % of copy bandwidth on an H100.  Divisions whose quotient
+is masked out divide 1, not 0 (see _FAST_PATH).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
 exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
