@@ -10,6 +10,13 @@ graph so that launch overhead does not count; L2 flushed before each call and th
 own time subtracted), its bandwidth as % of a device copy of the same bytes (the benchmark
 rows' count: benchmarks/_cases.py ``router_bytes``), and whether it gives the default
 config's bits (a config that does not is not a drop-in default: see ``Tile``).
+
+Every config listed keeps the default's row layout at 256 experts (16 contiguous experts per
+thread, 16 threads per row, warps along the tokens: read from the sm_90 TTGIR), so the rows'
+sums should keep their order and bits.  Registers per thread at 16384 x 256, bf16 (sm_90
+cross-compile): default 88 (softmax fwd) / 128 (sigmoid-groups fwd) / 146 (bwd); 4096 x 16
+rows with 8 warps 64 / 79 / 75; 2048 x 8 rows with 4 warps 61 / 83 / 71: fewer registers,
+more programs per SM for kernels that wait on their reductions' latency.
 """
 from __future__ import annotations
 
