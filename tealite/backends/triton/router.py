@@ -18,23 +18,23 @@ to -inf), and the chosen are the scores above T plus the lowest-index ties at T 
 count along the row).  A group's score adds its ``topk // group_topk`` best, largest first
 into 0, as taking them one at a time does; the groups are a (groups, slot) view of the row
 (gathered into padded slots when the group size is not a power of two; with two per group,
-one (largest, second) reduction).  16-bit logits with
-the softmax after the top-k (TE's bf16 regime) pack the column into the 13 low bits a
-widened 16-bit float leaves zero: one integer max per pass.  Before 2026-11-27 the top-k
-took one expert per pass over boolean tiles (832 SASS instructions per pass at 16 x 256 on
-sm_90; now 209, packed 98) at 5-11 % of copy bandwidth on an H100.  Divisions whose quotient
-is masked out divide 1, not 0 (see _FAST_PATH).
+one (largest, second) reduction).  16-bit logits with the softmax after the top-k (TE's bf16
+regime) pack the column into the 13 low bits a widened 16-bit float leaves zero: one integer
+max per pass.  Before 2026-11-27 the top-k took one expert per pass over boolean tiles (832
+SASS instructions per pass at 16 x 256 on sm_90; now 209, packed 98) at 5-11 % of copy
+bandwidth on an H100.  Divisions whose quotient is masked out divide 1, not 0 (_FAST_PATH).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
 exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
 over the same (16 tokens x 256 experts, 4 warps) layout as before, so the sums' order is
 unchanged; another program shape (``TILES``, swept by benchmarks/router_configs.py) may sum
 in another order (within the declared bounds).  The forward cross-compiles with triton 3.9
-for sm_90 without local-memory spills (tests/test_router_compiled.py) and for gfx942.  Rows wider than 8192
-experts are refused (one token block in registers; the packed keys' 13 column bits).  The aux
-loss: one program sums probs over the tokens block by block (fp32 column sums), weights them
-by the tokens per expert and multiplies by TE's constant (computed on the host in float32 as
-the torch backend does); its backward writes ``C n_e g`` per token block.
+for sm_90 without local-memory spills (tests/test_router_compiled.py) and for gfx942.  Rows
+wider than 8192 experts are refused (one token block in registers; the packed keys' 13
+column bits).  The aux loss: one program sums probs over the tokens block by block (fp32
+column sums), weights them by the tokens per expert and multiplies by TE's constant
+(computed on the host in float32 as the torch backend does); its backward writes ``C n_e g``
+per token block.
 """
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ def _kth_largest(w, k, AXIS: tl.constexpr):
     One pass per distinct value, largest first: its maximum, how many entries share it, and
     those leave ``w`` (k passes always suffice).  Per pass and entry that is a max, a compare,
     a count and a select on floats: the earlier one-expert-per-pass loop carried boolean
-    tiles and reduced twice per pass (value, then lowest index), about five times the work
-    in the sm_90 SASS."""
+    tiles and reduced twice per pass (value, then lowest index), four times the work in the
+    sm_90 SASS."""
     T = tl.full(tl.max(w, axis=AXIS).shape, float("-inf"), tl.float32)
     above = tl.zeros(T.shape, tl.int32)
     seen = tl.zeros(T.shape, tl.int32)
