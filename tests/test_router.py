@@ -437,3 +437,37 @@ def test_sigmoid_bound_covers_an_exp2_based_exp_and_catches_an_ulp_bias():
     assert np.any(np.abs(got - want) > old)  # the term is needed, not decoration
     biased = got * (1 + 2.0 ** -15)  # a kernel off by 2^9 ulps everywhere is still caught
     assert np.any(np.abs(biased - want) > tol)
+
+
+@pytest.mark.parametrize("experts,groups", [(15, (5, 2)), (24, (4, 2)), (13, None)],
+                         ids=["group-size-3", "group-size-6", "prime"])
+@pytest.mark.parametrize("score_function,dtype", [("softmax", torch.float32),
+                                                  ("softmax", torch.bfloat16),
+                                                  ("sigmoid", torch.float16)])
+def test_triton_router_ties_pick_the_torch_backends_experts(triton_device, experts, groups,
+                                                            score_function, dtype):
+    """Small-integer logits, -0 among the zeros (ties within rows and between groups'
+    scores): the Triton map is the torch backend's (stable sort: lowest index first, declared
+    by both), for float scores and for 16-bit logits' packed keys (softmax after the top-k),
+    also for group sizes that are not a power of two (groups gathered into padded slots)."""
+    g = torch.Generator().manual_seed(experts)
+    x = torch.randint(-2, 1, (11, experts), generator=g).float()  # the top-4 end among zeros
+    x[(x == 0) & (torch.rand(x.shape, generator=g) < 0.5)] = -0.0
+    x = x.to(dtype)
+    kw = dict(score_function=score_function)
+    if groups:
+        kw.update(num_groups=groups[0], group_topk=groups[1])
+    _, want = tealite.router_fwd(x, 4, backend="torch", **kw)
+    _, got = tealite.router_fwd(x.to(triton_device), 4, backend="triton", **kw)
+    assert torch.equal(got.cpu(), want)
+
+
+def test_triton_router_tiles_change_the_program_shape_not_the_bits(triton_device):
+    from tealite.backends.triton.router import TILES, Tile
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(13, 32, generator=g).to(torch.bfloat16).to(triton_device)
+    kw = dict(score_function="sigmoid", num_groups=4, group_topk=2, scaling_factor=2.5)
+    want = tealite.router_fwd(x, 4, backend="triton", **kw)
+    with TILES.override(fwd=Tile(elements=64, rows=2, warps=1)):
+        got = tealite.router_fwd(x, 4, backend="triton", **kw)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

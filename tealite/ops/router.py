@@ -44,6 +44,8 @@ Aux loss (TE's ``fused_compute_score_for_moe_aux_loss`` / ``fused_moe_aux_loss``
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import tealite.registry as registry
@@ -80,7 +82,21 @@ def _check_topk(topk, experts: int) -> int:
 
 def router_config(topk, experts: int, *, score_function="softmax", use_pre_softmax=False,
                   num_groups=None, group_topk=None, scaling_factor=None) -> RouterConfig:
-    """The validated :class:`RouterConfig` of a router call over ``experts`` experts."""
+    """The validated :class:`RouterConfig` of a router call over ``experts`` experts.
+
+    Remembered per distinct arguments (``typed``: True is not 1; a refusal is not
+    remembered): the checks and their messages cost ~10 us of Python per call, as much as
+    the kernel launch at TE's 16384 x 256."""
+    args = (topk, experts, score_function, use_pre_softmax, num_groups, group_topk,
+            scaling_factor)
+    try:
+        return _remembered_config(*args)
+    except TypeError:  # an unhashable argument: checked (and refused) without the cache
+        return _router_config(*args)
+
+
+def _router_config(topk, experts, score_function, use_pre_softmax, num_groups, group_topk,
+                   scaling_factor) -> RouterConfig:
     _check_topk(topk, experts)
     fn = _score_function(score_function)
     require(isinstance(use_pre_softmax, bool),
@@ -108,6 +124,9 @@ def router_config(topk, experts: int, *, score_function="softmax", use_pre_softm
     if scaling_factor is not None:
         scaling_factor = check_finite_number("scaling_factor", scaling_factor)
     return RouterConfig(topk, fn, use_pre_softmax, num_groups, group_topk, scaling_factor)
+
+
+_remembered_config = functools.lru_cache(maxsize=1024, typed=True)(_router_config)
 
 
 def _params(logits, config: RouterConfig, *, expert_bias: bool, device) -> dict:

@@ -3,26 +3,43 @@ block of tokens, the block's whole (tokens, experts) tile in registers (experts 
 power of two, so any expert count, prime or not, runs with a masked tail).
 
 Forward, per token: the routing scores in fp32 (logits; softmax: max, exp, sum, IEEE
-division ``div_rn``; sigmoid ``div_rn(1, 1 + exp(-x))`` + bias), the group scores (each
-group's ``topk // group_topk`` best, taken one at a time) and the best ``group_topk``
-groups, then the top-k one expert at a time: the row maximum among the eligible experts not
-yet taken, and among equal scores the lowest expert index (declared ``topk_ties =
-lowest_index``); then the weights (softmax over the chosen logits, the pre-softmax score, or
-the sigmoid normalised by its sum + 1e-20) times the scaling factor.  Backward at the given
-map: the softmax / normalisation / sigmoid gradients in fp32.  The aux-loss scores use the
-same kernels (softmax over all experts, or the sigmoid normalised over all of them; their
-backward is the router backward with every expert in the map).
+division ``div_rn``; sigmoid ``div_rn(1, 1 + exp(-x))`` + bias), the group scores and the
+best ``group_topk`` groups, then the top-k among the eligible experts, and among equal scores
+the lowest expert index (declared ``topk_ties = lowest_index``); then the weights (softmax
+over the chosen logits, the pre-softmax score, or the sigmoid normalised by its sum + 1e-20)
+times the scaling factor.  Backward at the given map: the softmax / normalisation / sigmoid
+gradients in fp32.  The aux-loss scores use the same kernels (softmax over all experts, or
+the sigmoid normalised over all of them; their backward is the router backward with every
+expert in the map).
+
+Selection (exact, so any order of work gives the same map): the k-th largest score T of a
+row is found by one pass per distinct value (row max, how many share it, those knocked out
+to -inf), and the chosen are the scores above T plus the lowest-index ties at T (a running
+count along the row).  A group's score adds its ``topk // group_topk`` best, largest first
+into 0, as taking them one at a time does; the groups are a (groups, slot) view of the row
+(gathered into padded slots when the group size is not a power of two; with two per group,
+one (largest, second) reduction).  16-bit logits with the softmax after the top-k (TE's bf16
+regime) pack the column into the 13 low bits a widened 16-bit float leaves zero: one integer
+max per pass.  Before 2026-11-27 the top-k took one expert per pass over boolean tiles (832
+SASS instructions per pass at 16 x 256 on sm_90; now 209, packed 98) at 5-11 % of copy
+bandwidth on an H100.  Divisions whose quotient is masked out divide 1, not 0 (_FAST_PATH).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
-exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  Not yet run on a GPU: both
-kernels cross-compile with triton 3.9 for sm_90 (to a cubin, no local-memory spills at 16
-tokens x 256 experts, bf16, sigmoid with groups and bias) and for gfx942.  Rows wider than 8192
-experts are refused (one token block in registers).  The aux loss: one program sums probs
-over the tokens block by block (fp32 column sums), weights them by the tokens per expert and
-multiplies by TE's constant (computed on the host in float32 as the torch backend does); its
-backward writes ``C n_e g`` per token block.
+exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
+over the same (16 tokens x 256 experts, 4 warps) layout as before, so the sums' order is
+unchanged; another program shape (``TILES``, swept by benchmarks/router_configs.py) may sum
+in another order (within the declared bounds).  The forward cross-compiles with triton 3.9
+for sm_90 without local-memory spills (tests/test_router_compiled.py) and for gfx942.  Rows
+wider than 8192 experts are refused (one token block in registers; the packed keys' 13
+column bits).  The aux loss: one program sums probs over the tokens block by block (fp32
+column sums), weights them by the tokens per expert and multiplies by TE's constant
+(computed on the host in float32 as the torch backend does); its backward writes ``C n_e g``
+per token block.
 """
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -31,13 +48,37 @@ import triton.language as tl
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.moe_types import RouterConfig, ScoreFunction, TieRule
+from tealite.scoped import Scoped
 from tealite.types import Op
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_EXPERTS = 8192
-_TILE = 4096  # elements of one program's (tokens, experts) tile
 # Score kinds (constexpr): softmax after the top-k, softmax before it, sigmoid.
 _POST, _PRE, _SIGMOID = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One kernel's program shape: at most ``rows`` tokens and ``elements`` (tokens x padded
+    experts) per program, ``warps`` warps.  A row's reductions may change order with the shape
+    (a sum is then rounded differently, within the declared bounds), so a config becomes the
+    default only where benchmarks/router_configs.py reports the default's bits."""
+
+    elements: int = 4096
+    rows: int = 16
+    warps: int = 4
+
+
+@dataclass(frozen=True)
+class RouterTiles:
+    """The router kernels' program shapes (forward, backward); ``TILES.override(fwd=...)``
+    sets them for one block and thread (the GPU config sweep)."""
+
+    fwd: Tile = Tile()
+    bwd: Tile = Tile()
+
+
+TILES: Scoped[RouterTiles] = Scoped("triton.router.TILES", RouterTiles)
 
 
 def _numerics(params) -> dict:
@@ -58,6 +99,15 @@ def _kind(config: RouterConfig) -> int:
     return _PRE if config.use_pre_softmax else _POST
 
 
+# _FAST_PATH: an IEEE division (``div_rn``) on sm_90 is a reciprocal, five FMAs and a range
+# check (FCHK) that calls a ~100-instruction subroutine for operands the FMAs cannot handle.
+# Read from the SASS (not yet timed): a zero dividend is one of them (the FMAs would turn -0
+# into +0; the subroutine starts by testing the exponent fields for 0 and 255).  A warp runs
+# the call when any lane needs it, so 0 / total for the ~97 % of a row outside the top-k
+# would take it for every group of elements: divisions whose result is masked out divide 1
+# instead (the kept quotients, hence the bits, are unchanged).
+
+
 @triton.jit
 def _row_softmax(x, keep):
     """Softmax over ``keep`` along axis 1 (0 elsewhere), IEEE division."""
@@ -66,7 +116,9 @@ def _row_softmax(x, keep):
     m = tl.where(m == float("-inf"), 0.0, m)
     e = tl.where(keep, tl.exp(xs - m[:, None]), 0.0)
     total = tl.sum(e, axis=1)
-    return tl.where(keep, tl.math.div_rn(e, tl.where(total == 0.0, 1.0, total)[:, None]), 0.0)
+    # Outside ``keep`` the quotient is discarded: 1, not 0, goes in (see _FAST_PATH).
+    return tl.where(keep, tl.math.div_rn(tl.where(keep, e, 1.0),
+                                         tl.where(total == 0.0, 1.0, total)[:, None]), 0.0)
 
 
 @triton.jit
@@ -75,13 +127,124 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _take_max(score, free, cols, BE: tl.constexpr):
-    """Per row: the largest ``score`` among ``free`` and the lowest column holding it."""
-    s = tl.where(free, score, float("-inf"))
-    v = tl.max(s, axis=1)
-    hit = free & (s == v[:, None])
-    idx = tl.min(tl.where(hit, cols, BE), axis=1)
-    return v, idx
+def _kth_largest(w, k, AXIS: tl.constexpr):
+    """Along ``AXIS``: the k-th largest entry T of ``w`` counted with multiplicity, and how
+    many entries exceed it.  ``w`` holds -inf wherever nothing may be taken (never NaN).
+
+    One pass per distinct value, largest first: its maximum, how many entries share it, and
+    those leave ``w`` (k passes always suffice).  Per pass and entry that is a max, a compare,
+    a count and a select on floats: the earlier one-expert-per-pass loop carried boolean
+    tiles and reduced twice per pass (value, then lowest index), four times the work in the
+    sm_90 SASS."""
+    T = tl.full(tl.max(w, axis=AXIS).shape, float("-inf"), tl.float32)
+    above = tl.zeros(T.shape, tl.int32)
+    seen = tl.zeros(T.shape, tl.int32)
+    for _ in range(0, k):
+        m = tl.max(w, axis=AXIS)
+        hit = w == tl.expand_dims(m, AXIS)
+        count = tl.sum(hit.to(tl.int32), axis=AXIS)
+        w = tl.where(hit, float("-inf"), w)
+        short = seen < k
+        T = tl.where(short, m, T)
+        above = tl.where(short, seen, above)
+        seen += count
+    return T, above
+
+
+@triton.jit
+def _select(r, eligible, k, AXIS: tl.constexpr):
+    """The ``k`` largest eligible ``r`` along ``AXIS``; among equal scores the lowest index
+    (``topk_ties = lowest_index``): what taking the maximum k times, lowest index first,
+    chooses.  NaN is never chosen (fewer than k when the rest are NaN)."""
+    T, above = _kth_largest(tl.where(eligible & (r == r), r, float("-inf")), k, AXIS)
+    at = tl.expand_dims(T, AXIS)
+    tie = eligible & (r == at)
+    rank = tl.cumsum(tie.to(tl.int32), axis=AXIS)  # 1 for the lowest-index tie
+    return eligible & ((r > at) | (tie & (rank <= tl.expand_dims(k - above, AXIS))))
+
+
+_TAKEN = tl.constexpr(-2147483647)  # a packed key already chosen (every real key is larger)
+
+
+@triton.jit
+def _select_packed(x, eligible, cols, k):
+    """``_select`` for scores that are 16-bit floats widened to fp32 (their low 13 bits are
+    zero; experts <= 8192): the order-preserving integer of the score with ``8191 - column``
+    in those bits is one distinct key per expert, ordered as (score, lowest index first), so
+    each pass is one integer max and one knock-out, with no counts and no rank among ties
+    (TE's regime: bf16 logits, softmax after the top-k)."""
+    bits = x.to(tl.int32, bitcast=True)
+    ordered = tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))  # -0 ties +0
+    ok = eligible & (x == x)
+    key = tl.where(ok, (ordered & -8192) | (8191 - cols)[None, :], -2147483648)
+    for _ in range(0, k):
+        m = tl.max(key, axis=1)
+        key = tl.where(key == m[:, None], _TAKEN, key)
+    return ok & (key == _TAKEN)
+
+
+@triton.jit
+def _top_sum(w, p, AXIS: tl.constexpr):
+    """Along ``AXIS``: the sum of the ``p`` largest entries of ``w`` (with multiplicity, -inf
+    where nothing may be taken), added largest first into 0 as taking them one at a time
+    does (the same fp32 additions in the same order)."""
+    total = tl.zeros(tl.max(w, axis=AXIS).shape, tl.float32)
+    seen = tl.zeros(total.shape, tl.int32)
+    for _ in range(0, p):
+        m = tl.max(w, axis=AXIS)
+        hit = w == tl.expand_dims(m, AXIS)
+        count = tl.sum(hit.to(tl.int32), axis=AXIS)
+        w = tl.where(hit, float("-inf"), w)
+        for j in range(0, p):  # m once per copy still needed
+            total = tl.where((j < count) & (seen + j < p), total + m, total)
+        seen += count
+    return total
+
+
+@triton.jit
+def _best_two(a1, a2, b1, b2):
+    """Combine two (largest, second largest) pairs, counting equal values twice."""
+    return tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2))
+
+
+@triton.jit
+def _top_two_sum(w, AXIS: tl.constexpr):
+    """``_top_sum(w, 2, AXIS)`` in one reduction (DeepSeek-V3's 8 groups, 4 kept, top-8):
+    the largest and the second largest (with multiplicity), added into 0 in that order."""
+    first, second = tl.reduce((w, tl.full(w.shape, float("-inf"), tl.float32)), AXIS,
+                              _best_two)
+    return (0.0 + first) + second
+
+
+@triton.jit
+def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
+              BT: tl.constexpr, BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
+              PADDED: tl.constexpr, TOP_TWO: tl.constexpr):
+    """The experts of each row's ``group_topk`` best groups (group score: the sum of its
+    ``per_group`` best routing scores; ties to the lowest group).  The row is viewed as a
+    (BG, BGS) tile of group slots: as it is when the group size is a power of two (slots
+    past ``num_groups`` empty), else gathered into padded slots (``PADDED``)."""
+    w = tl.where(valid & (route == route), route, float("-inf"))
+    if PADDED:
+        slot = tl.arange(0, BG * BGS)
+        g, j = slot // BGS, slot % BGS
+        src = tl.minimum(g * group_size + j, BE - 1)
+        w = tl.where(((j < group_size) & (g < num_groups))[None, :],
+                     tl.gather(w, tl.broadcast_to(src[None, :], (BT, BG * BGS)), 1),
+                     float("-inf"))
+    if TOP_TWO:
+        gscore = _top_two_sum(tl.reshape(w, (BT, BG, BGS)), 2)
+    else:
+        gscore = _top_sum(tl.reshape(w, (BT, BG, BGS)), per_group, 2)
+    gcols = tl.arange(0, BG)
+    gsel = _select(gscore, (gcols < num_groups)[None, :], group_topk, 1)
+    if PADDED:
+        gid = tl.minimum(cols // group_size, BG - 1)
+        picked = tl.gather(gsel.to(tl.int32), tl.broadcast_to(gid[None, :], (BT, BE)), 1)
+    else:
+        picked = tl.reshape(tl.broadcast_to(tl.expand_dims(gsel.to(tl.int32), 2),
+                                            (BT, BG, BGS)), (BT, BE))
+    return valid & (picked != 0)
 
 
 @triton.jit
@@ -89,7 +252,8 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
                        group_topk, per_group, group_size, scale, KIND: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr, NORMALISE: tl.constexpr,
                        AUX: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
-                       BE: tl.constexpr, BG: tl.constexpr):
+                       BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
+                       PADDED: tl.constexpr, PACKED: tl.constexpr, TOP_TWO: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BE)
     valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
@@ -110,29 +274,12 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
         route = x
     eligible = valid
     if GROUPED:
-        gcols = tl.arange(0, BG)
-        gscore = tl.full((BT, BG), float("-inf"), tl.float32)
-        for g in range(0, num_groups):
-            ingroup = valid & ((cols // group_size) == g)[None, :]
-            total = tl.zeros((BT,), tl.float32)
-            for _ in range(0, per_group):
-                v, idx = _take_max(route, ingroup, cols, BE)
-                total += v
-                ingroup = ingroup & (cols[None, :] != idx[:, None])
-            gscore = tl.where(gcols[None, :] == g, total[:, None], gscore)
-        gfree = (gcols < num_groups)[None, :] & (rows < tokens)[:, None]
-        eligible = valid & (cols[None, :] < 0)  # all False, the tile's shape
-        for _ in range(0, group_topk):
-            v, gi = _take_max(gscore, gfree, gcols, BG)
-            gfree = gfree & (gcols[None, :] != gi[:, None])
-            eligible = eligible | (valid & ((cols // group_size)[None, :] == gi[:, None]))
-    chosen = valid & (cols[None, :] < 0)
-    free = eligible
-    for _ in range(0, topk):
-        v, idx = _take_max(route, free, cols, BE)
-        pick = cols[None, :] == idx[:, None]
-        chosen = chosen | (pick & valid)
-        free = free & ~pick
+        eligible = _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
+                             BT, BE, BG, BGS, PADDED, TOP_TWO)
+    if PACKED:
+        chosen = _select_packed(route, eligible, cols, topk)
+    else:
+        chosen = _select(route, eligible, topk, 1)
     if AUX:
         w = s
     elif KIND == 0:
@@ -173,7 +320,7 @@ def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
         if NORMALISE:
             total = tl.sum(tl.where(m, s, 0.0), axis=1) + 1e-20
             p = tl.sum(g * tl.where(m, s, 0.0), axis=1)
-            g = tl.where(m, tl.math.div_rn(g, total[:, None])
+            g = tl.where(m, tl.math.div_rn(tl.where(m, g, 1.0), total[:, None])  # _FAST_PATH
                          - tl.math.div_rn(p, total * total)[:, None], 0.0)
         dx = g * s * (1.0 - s)
     else:
@@ -215,10 +362,33 @@ def _aux_loss_bwd_kernel(g_ptr, n_ptr, c_ptr, dp_ptr, tokens, experts, IS_BF16: 
               tl.zeros((BT, BE), tl.float32) + row[None, :], valid, IS_BF16)
 
 
-def _blocks(tokens: int, experts: int) -> tuple[int, int, int]:
-    be = triton.next_power_of_2(max(experts, 1))
-    bt = max(1, min(16, _TILE // be))
-    return bt, be, triton.cdiv(tokens, bt)
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _blocks(tokens: int, experts: int, tile: Tile = Tile()) -> tuple[int, int, int]:
+    be = _pow2(experts)
+    bt = max(1, min(tile.rows, tile.elements // be))
+    return bt, be, -(-tokens // bt)
+
+
+@functools.lru_cache(maxsize=256)
+def _fwd_options(experts: int, config: RouterConfig, aux: bool, has_bias: bool,
+                 dtype: torch.dtype, tile: Tile) -> tuple[int, dict]:
+    """(tokens per program, the forward kernel's compile-time arguments): a pure function of
+    the call's shape and options, so computed once per configuration, not per call."""
+    bt, be, _ = _blocks(1, experts, tile)
+    ng = config.num_groups or 1
+    gs = experts // ng
+    slot = _pow2(gs)  # a group's slot in the tile
+    kind = _kind(config)
+    return bt, dict(KIND=kind, HAS_BIAS=has_bias, GROUPED=config.grouped,
+                    NORMALISE=config.normalises, AUX=aux, IS_BF16=dtype == torch.bfloat16,
+                    BT=bt, BE=be, BG=_pow2(ng) if slot != gs else be // slot, BGS=slot,
+                    PADDED=config.grouped and slot != gs,
+                    PACKED=kind == _POST and not aux and dtype != torch.float32,
+                    TOP_TWO=config.grouped and config.per_group == 2,
+                    num_warps=tile.warps)
 
 
 def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
@@ -226,17 +396,16 @@ def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
     x = logits.contiguous()
     out = torch.empty((t, e), dtype=torch.float32 if aux else x.dtype, device=x.device)
     chosen = torch.empty((t, e), dtype=torch.bool, device=x.device)
-    bt, be, grid = _blocks(t, e)
-    if grid == 0:
-        return out.zero_(), chosen.zero_()
+    if t == 0:
+        return out, chosen
+    bt, options = _fwd_options(e, config, aux, expert_bias is not None, x.dtype,
+                               TILES.get().fwd)
     bias = expert_bias.float().contiguous() if expert_bias is not None else x
     ng = config.num_groups or 1
-    _router_fwd_kernel[(grid,)](
+    _router_fwd_kernel[(-(-t // bt),)](
         as_kernel_arg(x), bias, out if aux else as_kernel_arg(out), chosen.view(torch.int8),
         t, e, config.topk, ng, config.group_topk or 1, config.per_group, e // ng,
-        float(config.scale), KIND=_kind(config), HAS_BIAS=expert_bias is not None,
-        GROUPED=config.grouped, NORMALISE=config.normalises, AUX=aux,
-        IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be, BG=triton.next_power_of_2(ng))
+        float(config.scale), **options)
     return out, chosen
 
 
@@ -244,7 +413,8 @@ def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
     t, e = logits.shape
     x, g = logits.contiguous(), grad.contiguous()
     dx = torch.empty_like(x)
-    bt, be, grid = _blocks(t, e)
+    tile = TILES.get().bwd
+    bt, be, grid = _blocks(t, e, tile)
     if grid == 0:
         return dx
     kind = _kind(config) if not aux else (_SIGMOID if config.score_function ==
@@ -253,7 +423,8 @@ def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
     _router_bwd_kernel[(grid,)](
         g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), t, e,
         1.0 if aux else float(config.scale), KIND=kind, NORMALISE=config.normalises,
-        ALL=routing_map is None, G_F32=aux, IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be)
+        ALL=routing_map is None, G_F32=aux, IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be,
+        num_warps=tile.warps)
     return dx
 
 
