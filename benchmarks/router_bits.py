@@ -30,9 +30,12 @@ from tealite.backends.triton import router as NEW  # noqa: E402
 from tealite.ops.router import router_config  # noqa: E402
 
 
-def _old_module(rev: str):
-    src = subprocess.run(["git", "show", f"{rev}:tealite/backends/triton/router.py"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+def _old_module(rev: str, old_file: str | None = None):
+    """``old_file``: the earlier router.py as a file (a machine whose copy of the tree has no
+    git history, e.g. the lent GPU)."""
+    src = Path(old_file).read_text() if old_file else subprocess.run(
+        ["git", "show", f"{rev}:tealite/backends/triton/router.py"], cwd=ROOT,
+        capture_output=True, text=True, check=True).stdout
     future = "from __future__ import annotations\n"
     src = src.replace("@BACKEND.implements(", "@_unregistered(").replace(
         future, future + "\n\ndef _unregistered(*a, **k):\n    return lambda f: f\n", 1)
@@ -99,8 +102,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="839c0ad")
     ap.add_argument("--cases", type=int, default=200)
+    ap.add_argument("--old-file", default=None, help="the earlier router.py, instead of git show")
     args = ap.parse_args(argv)
-    old, device, bad, n = _old_module(args.rev), DEVICES[0], 0, 0
+    old, device, bad, n = _old_module(args.rev, args.old_file), DEVICES[0], 0, 0
     for cfg, x, bias in _cases(args.cases, device):
         grad = torch.randn(x.shape, dtype=x.dtype, device=device)
         _, routing_map = NEW._launch_fwd(x, cfg, bias, aux=False)
