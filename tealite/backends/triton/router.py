@@ -217,6 +217,25 @@ def _top_two_sum(w, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _padded_slots(w, cols, num_groups, group_size, BT: tl.constexpr, BG: tl.constexpr,
+                  BGS: tl.constexpr):
+    """The (BT, BE) scores re-laid as (BT, BG * BGS) group slots, -inf in the padding: slot
+    (g, j) holds column g * group_size + j.  One exact masked max per slot instead of
+    ``tl.gather``: Triton 3.6's sm_90 compiler aborts on this gather (OptimizeThreadLocality:
+    'GatherLoweringHelper(op).isWarpLocal()' assertion, seen on an H100), Triton 3.9
+    compiles it.  Only group sizes that are not a power of two take this path."""
+    slot = tl.arange(0, BG * BGS)
+    out = tl.full((BT, BG * BGS), float("-inf"), tl.float32)
+    for s in tl.static_range(BG * BGS):
+        g = s // BGS
+        j = s % BGS
+        col = tl.max(tl.where((cols == g * group_size + j)[None, :], w, float("-inf")), 1)
+        keep = (slot == s) & (j < group_size) & (g < num_groups)
+        out = tl.where(keep[None, :], col[:, None], out)
+    return out
+
+
+@triton.jit
 def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
               BT: tl.constexpr, BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
               PADDED: tl.constexpr, TOP_TWO: tl.constexpr):
@@ -226,12 +245,7 @@ def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
     past ``num_groups`` empty), else gathered into padded slots (``PADDED``)."""
     w = tl.where(valid & (route == route), route, float("-inf"))
     if PADDED:
-        slot = tl.arange(0, BG * BGS)
-        g, j = slot // BGS, slot % BGS
-        src = tl.minimum(g * group_size + j, BE - 1)
-        w = tl.where(((j < group_size) & (g < num_groups))[None, :],
-                     tl.gather(w, tl.broadcast_to(src[None, :], (BT, BG * BGS)), 1),
-                     float("-inf"))
+        w = _padded_slots(w, cols, num_groups, group_size, BT, BG, BGS)
     if TOP_TWO:
         gscore = _top_two_sum(tl.reshape(w, (BT, BG, BGS)), 2)
     else:
@@ -240,7 +254,11 @@ def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
     gsel = _select(gscore, (gcols < num_groups)[None, :], group_topk, 1)
     if PADDED:
         gid = tl.minimum(cols // group_size, BG - 1)
-        picked = tl.gather(gsel.to(tl.int32), tl.broadcast_to(gid[None, :], (BT, BE)), 1)
+        sel = gsel.to(tl.int32)
+        picked = tl.zeros((BT, BE), tl.int32)
+        for gi in tl.static_range(BG):  # column gi of sel, spread over group gi's experts
+            col = tl.max(tl.where((gcols == gi)[None, :], sel, 0), 1)
+            picked = tl.where((gid == gi)[None, :], col[:, None], picked)
     else:
         picked = tl.reshape(tl.broadcast_to(tl.expand_dims(gsel.to(tl.int32), 2),
                                             (BT, BG, BGS)), (BT, BE))
