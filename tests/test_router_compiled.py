@@ -96,8 +96,7 @@ def test_router_fwd_selection_loops_stay_short(sass, config, bound):
 
 
 def test_the_default_tiles_are_the_measured_ones():
-    """The tile the H100 rows were measured with (16 tokens x 256 experts, 4 warps) stays the
-    default until a sweep (benchmarks/router_configs.py) shows a faster one with the same
-    bits."""
-    assert R.TILES.get() == R.RouterTiles(R.Tile(4096, 16, 4), R.Tile(4096, 16, 4))
-    assert R._blocks(16384, 256, R.TILES.get().fwd) == (16, 256, 1024)
+    """The tile the H100 sweep picked (8 tokens x 256 experts, 4 warps) stays the default
+    until a sweep (benchmarks/router_configs.py) shows a faster one with the same bits."""
+    assert R.TILES.get() == R.RouterTiles(R.Tile(2048, 8, 4), R.Tile(2048, 8, 4))
+    assert R._blocks(16384, 256, R.TILES.get().fwd) == (8, 256, 2048)

@@ -64,8 +64,12 @@ class Tile:
     (a sum is then rounded differently, within the declared bounds), so a config becomes the
     default only where benchmarks/router_configs.py reports the default's bits."""
 
-    elements: int = 4096
-    rows: int = 16
+    # H100 sweep (benchmarks/router_configs.py, 16384 x 256 bf16 top-8, kernel alone, same
+    # bits for every shape; docs/benchmarks/2026-11-27-h100-router-configs.txt): 2048 x 8
+    # rows x 4 warps is the fastest or within 3 % of it in all four rows (fwd softmax 40.6 %
+    # of copy, sigmoid-groups 26.8 %, bwd 86.1 / 82.5 %; 4096 x 16 x 4: 32.8 / 26.1 / 62 / 62).
+    elements: int = 2048
+    rows: int = 8
     warps: int = 4
 
 
