@@ -21,10 +21,13 @@ Three kernels:
 Data movement runs on bit patterns (the host passes same-width integer views), so FP8 codes,
 packed e2m1 bytes, E8M0 scales and bf16 move exactly on every target; arithmetic reads bf16
 through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is two kernels
-of its own (``_rank_kernel``: one program per expert scans its candidate slots in blocks, a
-block cumsum plus the running count ranking each hit; ``_rows_kernel``: rank plus the rows of
-the experts before), independent of the torch backend's torch-op construction; the host reads
-the kept tokens per expert once (the grouped GEMM's m_splits).
+of its own over the caller's routing as given (a bool mask viewed as bytes, int masks and
+indices read in their own dtype: no conversion ops): ``_count_kernel`` (one program per expert
+counts its slots) and ``_rows_kernel`` (one program per expert: the exclusive sum of the counts
+before it, then a block cumsum over its candidate slots), independent of the torch backend's
+torch-op construction.  The host reads the counts once (the kept tokens per expert, the
+grouped GEMM's m_splits): a permute is three launches and one read-back (op-level host cost:
+docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import triton.language as tl
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.moe_types import (MapType, RowIdMap, chunk_source_rows, pad_source_rows,
-                               slot_experts, unpad_source_rows)
+                               unpad_source_rows)
 from tealite.types import Op
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -132,61 +135,88 @@ def _unpermute_bwd_kernel(dy_ptr, x_ptr, rows_ptr, p_ptr, gx_ptr, gp_ptr, N, H, 
 
 
 @triton.jit
-def _rank_kernel(experts_ptr, rank_ptr, count_ptr, TOTAL, SLOTS, COLUMN: tl.constexpr,
-                 BLOCK: tl.constexpr):
-    """Program e ranks the slots routed to expert e in (token, slot) order and counts them:
-    a mask's candidates are its column e (``COLUMN``), indices' are every slot."""
-    e = tl.program_id(0)
-    carry = tl.zeros((), tl.int32)
-    for b in range(0, TOTAL, BLOCK):
-        i = (b + tl.arange(0, BLOCK)).to(tl.int64)
-        ok = i < TOTAL
-        off = i * SLOTS + e if COLUMN else i
-        hit = (tl.load(experts_ptr + off, mask=ok, other=-1) == e).to(tl.int32)
-        tl.store(rank_ptr + off, tl.cumsum(hit, axis=0) - 1 + carry, mask=ok & (hit != 0))
-        carry += tl.sum(hit, axis=0)
-    tl.store(count_ptr + e, carry)
+def _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN: tl.constexpr, BLOCK: tl.constexpr):
+    """Block b of expert e's candidate slots, read straight off the caller's routing: a
+    mask's column e (hit: nonzero), or every index slot (hit: == e).  Returns (offsets, in
+    bounds, value, hit)."""
+    i = (b + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = i < TOTAL
+    off = i * SLOTS + e if COLUMN else i
+    v = tl.load(routing_ptr + off, mask=ok, other=0 if COLUMN else -1)
+    hit = ok & (v != 0) if COLUMN else ok & (v == e)
+    return off, ok, v, hit
 
 
 @triton.jit
-def _rows_kernel(experts_ptr, rank_ptr, before_ptr, rows_ptr, TOTAL, num_out,
-                 BLOCK: tl.constexpr):
-    """row = the slot's rank + the rows of the experts before its own; -1 when unrouted or
-    at / past num_out (dropped)."""
-    i = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-    ok = i < TOTAL
-    e = tl.load(experts_ptr + i, mask=ok, other=-1)
-    routed = ok & (e >= 0)
-    pos = tl.load(rank_ptr + i, mask=routed, other=0) + \
-        tl.load(before_ptr + tl.maximum(e, 0), mask=routed, other=0)
-    tl.store(rows_ptr + i, tl.where(routed & (pos < num_out), pos, -1), mask=ok)
+def _count_kernel(routing_ptr, count_ptr, TOTAL, SLOTS, COLUMN: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Program e counts the slots routed to expert e."""
+    e = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), tl.int32)
+    for b in range(0, TOTAL, BLOCK):
+        _, _, _, hit = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
+        acc += hit.to(tl.int32)
+    tl.store(count_ptr + e, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _rows_kernel(routing_ptr, count_ptr, rows_ptr, TOTAL, SLOTS, E, num_out,
+                 COLUMN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Program e writes the rows of expert e's slots in (token, slot) order: the rows of the
+    experts before e (the exclusive sum of the counts), then a running block cumsum; -1 at
+    / past num_out (dropped).  A mask's program writes its whole column (-1 where unrouted);
+    every index slot is one expert's, and program 0 also writes -1 into the slots no expert
+    owns (out of range: only reachable when the front end's value check was skipped)."""
+    e = tl.program_id(0)
+    j = tl.arange(0, BLOCK_E)
+    carry = tl.sum(tl.load(count_ptr + j, mask=j < e, other=0), axis=0)
+    for b in range(0, TOTAL, BLOCK):
+        off, ok, v, hit = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
+        h = hit.to(tl.int32)
+        row = tl.cumsum(h, axis=0) - 1 + carry
+        row = tl.where(hit & (row < num_out), row, -1)
+        if COLUMN:
+            tl.store(rows_ptr + off, row, mask=ok)
+        else:
+            # (e + 0 * h: the program id as a vector; the interpreter's scalar mask is not one)
+            orphan = ok & ((v < 0) | (v >= E)) & (e + 0 * h == 0)
+            tl.store(rows_ptr + off, row, mask=hit | orphan)
+        carry += tl.sum(h, axis=0)
 
 
 _MAP_BLOCK = 1024
 
 
+def _kept_per_expert(counts: list[int], num_out_tokens: int) -> tuple[int, ...]:
+    """The kept rows per expert: dropping takes the tail of the expert-major order, so expert
+    e keeps what is left of num_out_tokens after the experts before it, at most its count."""
+    kept, before = [], 0
+    for c in counts:
+        kept.append(min(c, max(0, num_out_tokens - before)))
+        before += c
+    return tuple(kept)
+
+
 def row_id_map(routing, map_type, num_experts: int, num_out_tokens: int) -> RowIdMap:
-    """The row-id map in two kernels (moe_types' order): per-expert ranks and counts, then
-    each slot's row from its rank and the exclusive prefix sum of the counts.  The kept rows
-    per expert follow from the counts (dropping takes the tail of the order)."""
-    experts = slot_experts(routing, map_type, num_experts).to(torch.int32).contiguous()
-    n, slots = experts.shape
-    dev = experts.device
-    rank = torch.empty_like(experts)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
-    rows = torch.empty_like(experts)
-    column = map_type == MapType.MASK
-    total = n if column else n * slots
-    if experts.numel():
-        _rank_kernel[(num_experts,)](experts, rank, counts, total, slots, COLUMN=column,
-                                     BLOCK=_MAP_BLOCK)
-    before = (torch.cumsum(counts, dim=0) - counts).to(torch.int32)
-    if experts.numel():
-        _rows_kernel[(triton.cdiv(experts.numel(), _MAP_BLOCK),)](
-            experts, rank, before, rows, experts.numel(), num_out_tokens, BLOCK=_MAP_BLOCK)
-    kept = torch.minimum(counts, (num_out_tokens - before).clamp(min=0))
+    """The row-id map (moe_types' order) in two launches over the caller's routing as it is
+    (no conversion ops): per-expert counts, then every slot's row; the host reads the counts
+    once (the kept tokens per expert, the grouped GEMM's m_splits)."""
+    n, slots = routing.shape
+    r = (routing.view(torch.uint8) if routing.dtype == torch.bool else routing).contiguous()
+    rows = torch.empty((n, slots), dtype=torch.int32, device=routing.device)
+    counts = [0] * num_experts
+    if routing.numel():
+        column = map_type == MapType.MASK
+        total = n if column else n * slots
+        dev_counts = torch.empty(num_experts, dtype=torch.int32, device=routing.device)
+        _count_kernel[(num_experts,)](r, dev_counts, total, slots, COLUMN=column,
+                                      BLOCK=_MAP_BLOCK)
+        _rows_kernel[(num_experts,)](r, dev_counts, rows, total, slots, num_experts,
+                                     num_out_tokens, COLUMN=column, BLOCK=_MAP_BLOCK,
+                                     BLOCK_E=triton.next_power_of_2(num_experts))
+        counts = dev_counts.tolist()
     return RowIdMap(rows, map_type, num_experts, num_out_tokens,
-                    tuple(int(c) for c in kept.tolist()))
+                    _kept_per_expert(counts, num_out_tokens))
 
 
 def _blocks(h: int) -> tuple[int, int]:
