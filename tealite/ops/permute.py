@@ -181,13 +181,26 @@ def _check_routing(routing, map_type: MapType, num_tokens: int, num_experts) -> 
     require(routing.shape[0] == num_tokens,
             f"indices must have one row per token ({num_tokens}), got shape "
             f"{tuple(routing.shape)}")
-    num_experts = _int("num_experts", num_experts, 1)
-    if routing.numel() and not capturing(routing):
-        lo, hi = (int(v) for v in torch.aminmax(routing))  # one kernel, one read-back
-        require(0 <= lo and hi < num_experts,
-                f"indices must lie in [0, num_experts = {num_experts}), got values in "
-                f"[{lo}, {hi}]")
-    return num_experts
+    return _int("num_experts", num_experts, 1)
+
+
+def _index_bounds(routing, map_type: MapType) -> torch.Tensor | None:
+    """The indices' (min, max), launched but not read yet: the host dispatches while the
+    device reduces, and :func:`_check_index_bounds` reads both in one sync (None: nothing to
+    check -- a mask, no slots, or a CUDA-graph capture, where a read-back is illegal)."""
+    if map_type == MapType.MASK or not routing.numel() or capturing(routing):
+        return None
+    return torch.stack(torch.aminmax(routing))
+
+
+def _check_index_bounds(bounds: torch.Tensor | None, num_experts: int) -> None:
+    """Before any backend reads the indices (an out-of-range expert id would index past a
+    backend's per-expert tables)."""
+    if bounds is None:
+        return
+    lo, hi = bounds.tolist()
+    require(0 <= lo and hi < num_experts,
+            f"indices must lie in [0, num_experts = {num_experts}), got values in [{lo}, {hi}]")
 
 
 def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None = None,
@@ -202,6 +215,7 @@ def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None =
     rows = _rows_of("x", x)
     n = rows.data.shape[0]
     experts = _check_routing(routing, mt, n, num_experts)
+    bounds = _index_bounds(routing, mt)
     _check_probs("probs", probs, tuple(routing.shape))
     routed = _routed_count(routing, mt)
     if num_out_tokens is None:
@@ -214,6 +228,7 @@ def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None =
                   num_experts=experts, slots=routing.shape[1], num_out_tokens=num_out_tokens,
                   routed=routed, with_probs=probs is not None)
     impl = registry.dispatch(Op.MOE_PERMUTE, params, backend)
+    _check_index_bounds(bounds, experts)
     out, row_map, probs_out, scale_out = impl.fn(
         rows.data, routing, map_type=mt, num_experts=experts, num_out_tokens=num_out_tokens,
         probs=probs, scale_inv=rows.scale_inv)

@@ -49,12 +49,22 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _BLOCK_H = 1024
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """The least power of two >= n (n >= 1).  Plain ints: triton.cdiv / next_power_of_2 are
+    constexpr functions costing microseconds a call on the host, several a permute."""
+    return 1 << (n - 1).bit_length()
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()])
 
 
 def _block(h: int) -> int:
-    return min(_BLOCK_H, triton.next_power_of_2(max(h, 1)))
+    return min(_BLOCK_H, _pow2(max(h, 1)))
 
 
 @triton.jit
@@ -197,26 +207,32 @@ def _kept_per_expert(counts: list[int], num_out_tokens: int) -> tuple[int, ...]:
     return tuple(kept)
 
 
-def row_id_map(routing, map_type, num_experts: int, num_out_tokens: int) -> RowIdMap:
-    """The row-id map (moe_types' order) in two launches over the caller's routing as it is
-    (no conversion ops): per-expert counts, then every slot's row; the host reads the counts
-    once (the kept tokens per expert, the grouped GEMM's m_splits)."""
+def _launch_row_map(routing, map_type, num_experts: int,
+                    num_out_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the row-id map (moe_types' order) over the caller's routing as it is (no
+    conversion ops): per-expert counts, then every slot's row.  Returns the rows and the
+    device counts (None without slots), not read yet."""
     n, slots = routing.shape
-    r = (routing.view(torch.uint8) if routing.dtype == torch.bool else routing).contiguous()
     rows = torch.empty((n, slots), dtype=torch.int32, device=routing.device)
-    counts = [0] * num_experts
-    if routing.numel():
-        column = map_type == MapType.MASK
-        total = n if column else n * slots
-        dev_counts = torch.empty(num_experts, dtype=torch.int32, device=routing.device)
-        _count_kernel[(num_experts,)](r, dev_counts, total, slots, COLUMN=column,
-                                      BLOCK=_MAP_BLOCK)
-        _rows_kernel[(num_experts,)](r, dev_counts, rows, total, slots, num_experts,
-                                     num_out_tokens, COLUMN=column, BLOCK=_MAP_BLOCK,
-                                     BLOCK_E=triton.next_power_of_2(num_experts))
-        counts = dev_counts.tolist()
+    if not routing.numel():
+        return rows, None
+    r = (routing.view(torch.uint8) if routing.dtype == torch.bool else routing).contiguous()
+    column = map_type == MapType.MASK
+    total = n if column else n * slots
+    counts = torch.empty(num_experts, dtype=torch.int32, device=routing.device)
+    _count_kernel[(num_experts,)](r, counts, total, slots, COLUMN=column, BLOCK=_MAP_BLOCK)
+    _rows_kernel[(num_experts,)](r, counts, rows, total, slots, num_experts, num_out_tokens,
+                                 COLUMN=column, BLOCK=_MAP_BLOCK, BLOCK_E=_pow2(num_experts))
+    return rows, counts
+
+
+def _finish_row_map(rows, counts, map_type, num_experts: int,
+                    num_out_tokens: int) -> RowIdMap:
+    """The RowIdMap, reading the counts (the kept tokens per expert, the grouped GEMM's
+    m_splits): the op's one read-back, taken after every launch so that it only waits."""
+    host = counts.tolist() if counts is not None else [0] * num_experts
     return RowIdMap(rows, map_type, num_experts, num_out_tokens,
-                    _kept_per_expert(counts, num_out_tokens))
+                    _kept_per_expert(host, num_out_tokens))
 
 
 def _blocks(h: int) -> tuple[int, int]:
@@ -226,20 +242,21 @@ def _blocks(h: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // bh)), bh
 
 
-def _scatter(x: torch.Tensor | None, row_map: RowIdMap) -> torch.Tensor | None:
-    """out[rows[t, s]] = x[t] for x (num_tokens, w), bit for bit."""
+def _scatter(x: torch.Tensor | None, rows: torch.Tensor,
+             num_out: int) -> torch.Tensor | None:
+    """out[rows[t, s]] = x[t] for x (num_tokens, w) and rows (num_tokens, slots), bit for
+    bit; out has num_out rows."""
     if x is None:
         return None
-    out = torch.empty((row_map.num_out_tokens,) + tuple(x.shape[1:]), dtype=x.dtype,
-                      device=x.device)
+    out = torch.empty((num_out,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     n, h = x.shape[0], x.shape[1] if x.dim() > 1 else 1
-    if n and h and row_map.num_out_tokens:
+    if n and h and num_out:
         xb = _bits(x.contiguous()).reshape(n, h)
         ob = _bits(out).reshape(-1, h)
         br, bh = _blocks(h)
-        grid = (triton.cdiv(n, br), triton.cdiv(h, bh))
-        _scatter_rows_kernel[grid](xb, row_map.rows.contiguous(), ob, n, h, row_map.slots,
-                                   xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
+        grid = (_cdiv(n, br), _cdiv(h, bh))
+        _scatter_rows_kernel[grid](xb, rows.contiguous(), ob, n, h, rows.shape[1], xb.stride(0),
+                                   ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
     return out
 
 
@@ -260,7 +277,7 @@ def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
         ob = _bits(out).reshape(-1, h)
         s = torch.tensor(src, dtype=torch.int64, device=x.device)
         br, bh = _blocks(h)
-        grid = (triton.cdiv(len(src), br), triton.cdiv(h, bh))
+        grid = (_cdiv(len(src), br), _cdiv(h, bh))
         _gather_rows_kernel[grid](xb, s, ob, len(src), h, _fill_bits(x.dtype, fill),
                                   xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
     return out
@@ -268,15 +285,15 @@ def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
 
 @BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
-    row_map = row_id_map(routing, map_type, num_experts, num_out_tokens)
-    probs_out = None
-    if probs is not None:
-        # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
-        flat = probs.reshape(-1, 1).contiguous()
-        one_slot = RowIdMap(row_map.rows.reshape(-1, 1), map_type, num_experts,
-                            num_out_tokens, row_map.tokens_per_expert)
-        probs_out = _scatter(flat, one_slot).reshape(-1)
-    return _scatter(x, row_map), row_map, probs_out, _scatter(scale_inv, row_map)
+    rows, counts = _launch_row_map(routing, map_type, num_experts, num_out_tokens)
+    # Every launch before the one read-back (the counts), so the host never idles the device.
+    out = _scatter(x, rows, num_out_tokens)
+    # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
+    probs_out = None if probs is None else \
+        _scatter(probs.reshape(-1, 1), rows.reshape(-1, 1), num_out_tokens).reshape(-1)
+    scales_out = _scatter(scale_inv, rows, num_out_tokens)
+    row_map = _finish_row_map(rows, counts, map_type, num_experts, num_out_tokens)
+    return out, row_map, probs_out, scales_out
 
 
 def _is_bf16(t) -> bool:
@@ -291,7 +308,7 @@ def moe_unpermute(permuted, row_id_map, *, merging_probs):
         x = permuted.contiguous()
         p = merging_probs.contiguous() if merging_probs is not None else x
         br, bh = _blocks(h)
-        grid = (triton.cdiv(n, br), triton.cdiv(h, bh))
+        grid = (_cdiv(n, br), _cdiv(h, bh))
         _unpermute_kernel[grid](as_kernel_arg(x), row_id_map.rows.contiguous(),
                                 as_kernel_arg(p), as_kernel_arg(out), n, h, row_id_map.slots,
                                 x.stride(0), out.stride(0),
@@ -304,7 +321,7 @@ def moe_unpermute(permuted, row_id_map, *, merging_probs):
 @BACKEND.implements(Op.MOE_UNPERMUTE_BWD, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
 def moe_unpermute_bwd(grad_out, row_id_map, *, permuted, merging_probs):
     if merging_probs is None:  # the transposed scatter of a plain sum is permute's scatter
-        return _scatter(grad_out, row_id_map), None
+        return _scatter(grad_out, row_id_map.rows, row_id_map.num_out_tokens), None
     h = grad_out.shape[1]
     grad_permuted = torch.empty((row_id_map.num_out_tokens, h), dtype=grad_out.dtype,
                                 device=grad_out.device)
@@ -314,7 +331,7 @@ def moe_unpermute_bwd(grad_out, row_id_map, *, permuted, merging_probs):
         gp = grad_probs.contiguous()
         n = row_id_map.num_tokens
         br, bh = _blocks(h)
-        _unpermute_bwd_kernel[(triton.cdiv(n, br),)](
+        _unpermute_bwd_kernel[(_cdiv(n, br),)](
             as_kernel_arg(dy), as_kernel_arg(x), row_id_map.rows.contiguous(), as_kernel_arg(p),
             as_kernel_arg(grad_permuted), as_kernel_arg(gp), n, h, row_id_map.slots,
             dy.stride(0), x.stride(0), grad_permuted.stride(0),
