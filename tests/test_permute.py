@@ -14,6 +14,7 @@ import tealite
 import tealite.recipes as R
 from tealite import TealiteArgumentError, registry
 from tealite.backends.torch import permute as T
+from tealite.moe_types import MapType
 from tealite.types import QuantizedTensor
 from tealite_verify.references import permute as ref
 from tealite_verify.runner import run_case
@@ -354,3 +355,60 @@ def test_row_map_over_several_scan_blocks(backend, map_type, n, e, k, drop):
     assert p.row_id_map.rows.tolist() == rows.tolist()
     assert list(p.row_id_map.tokens_per_expert) == \
         ref.tokens_per_expert(routing.numpy(), map_type, e, rows).tolist()
+
+
+# ---- host cost of the triton path (issue 16's op-level target) -----------------------------
+
+def _triton_or_skip():
+    why = registry.get_backend("triton").unavailable_reason()
+    if why is not None:
+        pytest.skip(str(why))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.int64])
+def test_triton_row_map_reads_every_mask_dtype_as_given(dtype):
+    """The map kernels read the caller's mask without a conversion op: a bool mask as bytes,
+    int masks in their own dtype, any nonzero value routed (2, -1)."""
+    _triton_or_skip()
+    routing = TE_MASK.to(dtype)
+    if dtype != torch.bool:
+        routing = routing * torch.tensor([2, -1, 1], dtype=dtype)
+    p = tealite.moe_permute(torch.zeros(5, 1), routing, num_out_tokens=6, backend="triton")
+    want = ref.row_id_map(TE_MASK.numpy(), "mask", 3, 6)
+    assert p.row_id_map.rows.tolist() == want.tolist()
+    assert p.row_id_map.tokens_per_expert == (3, 2, 1)
+
+
+def test_triton_row_map_marks_slots_no_expert_owns():
+    """An index out of range (reachable only where the front end's value check is skipped:
+    a CUDA-graph capture) gets row -1 and moves nothing, instead of an unwritten row."""
+    _triton_or_skip()
+    impl = registry.get_backend("triton").impls["moe_permute"]
+    idx = torch.tensor([[0], [5], [1], [-3]], dtype=torch.int32)
+    x = torch.arange(4.0).reshape(4, 1)
+    out, row_map, _, _ = impl.fn(x, idx, map_type=MapType.INDEX, num_experts=2,
+                                 num_out_tokens=2, probs=None, scale_inv=None)
+    assert row_map.rows.tolist() == [[0], [-1], [1], [-1]]
+    assert out.tolist() == [[0.0], [2.0]] and row_map.tokens_per_expert == (1, 1)
+
+
+@pytest.mark.parametrize("map_type", ["mask", "index"])
+def test_triton_permute_reads_the_device_twice(monkeypatch, map_type):
+    """Two host read-backs per permute: the front end's value check (the indices' bounds in
+    one read; a mask's routed count) and the backend's per-expert counts after its launches.
+    Each read is a device sync, which at op level cost more than the kernels
+    (docs/benchmarks.md); fails if a check or the kept counts add one (index maps read three
+    times before: min and max apart, then the counts)."""
+    _triton_or_skip()
+    reads = []
+    for name in ("tolist", "item", "__int__", "__bool__", "__float__", "__index__", "cpu"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _f=original, _n=name, **k:
+                            (reads.append(_n), _f(self, *a, **k))[1])
+    idx = torch.tensor([[0, 2], [1, 2], [2, 0]])
+    routing = idx if map_type == "index" else \
+        torch.zeros((3, 3), dtype=torch.bool).scatter_(1, idx, True)
+    p = tealite.moe_permute(torch.ones(3, 4), routing, map_type=map_type, num_experts=3,
+                            probs=torch.rand(routing.shape), backend="triton")
+    assert p.row_id_map.tokens_per_expert == (2, 1, 3)
+    assert len(reads) == 2, reads
