@@ -163,7 +163,11 @@ def _int(name: str, v, lo: int) -> int:
 # ---- permute ------------------------------------------------------------------------------
 
 def _routed_count(routing: torch.Tensor, map_type: MapType) -> int:
-    return int((routing != 0).sum()) if map_type == MapType.MASK else routing.numel()
+    """The routed slots: every index slot; a mask's nonzeros (one reduction and one read for
+    a bool mask, which sums as it is)."""
+    if map_type == MapType.INDEX:
+        return routing.numel()
+    return int((routing if routing.dtype == torch.bool else routing != 0).sum())
 
 
 def _check_routing(routing, map_type: MapType, num_tokens: int, num_experts) -> int:

@@ -20,14 +20,15 @@ Three kernels:
 
 Data movement runs on bit patterns (the host passes same-width integer views), so FP8 codes,
 packed e2m1 bytes, E8M0 scales and bf16 move exactly on every target; arithmetic reads bf16
-through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is two kernels
-of its own over the caller's routing as given (a bool mask viewed as bytes, int masks and
-indices read in their own dtype: no conversion ops): ``_count_kernel`` (one program per expert
-counts its slots) and ``_rows_kernel`` (one program per expert: the exclusive sum of the counts
-before it, then a block cumsum over its candidate slots), independent of the torch backend's
-torch-op construction.  The host reads the counts once (the kept tokens per expert, the
-grouped GEMM's m_splits): a permute is three launches and one read-back (op-level host cost:
-docs/benchmarks.md).
+through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is Triton of its
+own over the caller's routing as given (a bool mask viewed as bytes, int masks and indices
+read in their own dtype: no conversion ops), one program per expert: ``_rows_kernel`` writes
+each slot's row from the rows of the experts before its own and a block cumsum over its
+candidate slots, after ``_count_kernel`` for a mask (an index map's programs count the
+experts below their own themselves); independent of the torch backend's torch-op
+construction.  A permute is so two launches (index) or three (mask) plus one per moved
+tensor, and one read-back of the per-expert counts (the kept tokens per expert, the grouped
+GEMM's m_splits) after every launch (op-level host cost: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -160,7 +161,8 @@ def _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN: tl.constexpr, BLOCK: tl
 @triton.jit
 def _count_kernel(routing_ptr, count_ptr, TOTAL, SLOTS, COLUMN: tl.constexpr,
                   BLOCK: tl.constexpr):
-    """Program e counts the slots routed to expert e."""
+    """Program e counts the slots routed to expert e (launched for masks: an index map's rows
+    kernel counts for itself)."""
     e = tl.program_id(0)
     acc = tl.zeros((BLOCK,), tl.int32)
     for b in range(0, TOTAL, BLOCK):
@@ -173,13 +175,25 @@ def _count_kernel(routing_ptr, count_ptr, TOTAL, SLOTS, COLUMN: tl.constexpr,
 def _rows_kernel(routing_ptr, count_ptr, rows_ptr, TOTAL, SLOTS, E, num_out,
                  COLUMN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
     """Program e writes the rows of expert e's slots in (token, slot) order: the rows of the
-    experts before e (the exclusive sum of the counts), then a running block cumsum; -1 at
-    / past num_out (dropped).  A mask's program writes its whole column (-1 where unrouted);
-    every index slot is one expert's, and program 0 also writes -1 into the slots no expert
-    owns (out of range: only reachable when the front end's value check was skipped)."""
+    experts before e, then a running block cumsum; -1 at / past num_out (dropped).
+
+    A mask's program reads the rows before e off ``_count_kernel``'s counts (the exclusive
+    sum) and writes its whole column (-1 where unrouted).  An index map needs no count
+    kernel: program e first counts the slots of the experts below e (a pass over the indices,
+    which every program reads anyway) and stores its own count at the end.  Every valid index
+    slot is one expert's; program 0 also writes -1 into the slots no expert owns (out of
+    range: only reachable when the front end's value check was skipped)."""
     e = tl.program_id(0)
-    j = tl.arange(0, BLOCK_E)
-    carry = tl.sum(tl.load(count_ptr + j, mask=j < e, other=0), axis=0)
+    if COLUMN:
+        j = tl.arange(0, BLOCK_E)
+        carry = tl.sum(tl.load(count_ptr + j, mask=j < e, other=0), axis=0)
+    else:
+        below = tl.zeros((BLOCK,), tl.int32)
+        for b in range(0, TOTAL, BLOCK):
+            _, ok, v, _ = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
+            below += (ok & (v >= 0) & (v < e)).to(tl.int32)
+        carry = tl.sum(below, axis=0)
+    first = carry
     for b in range(0, TOTAL, BLOCK):
         off, ok, v, hit = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
         h = hit.to(tl.int32)
@@ -192,6 +206,8 @@ def _rows_kernel(routing_ptr, count_ptr, rows_ptr, TOTAL, SLOTS, E, num_out,
             orphan = ok & ((v < 0) | (v >= E)) & (e + 0 * h == 0)
             tl.store(rows_ptr + off, row, mask=hit | orphan)
         carry += tl.sum(h, axis=0)
+    if not COLUMN:
+        tl.store(count_ptr + e, carry - first)
 
 
 _MAP_BLOCK = 1024
@@ -210,8 +226,9 @@ def _kept_per_expert(counts: list[int], num_out_tokens: int) -> tuple[int, ...]:
 def _launch_row_map(routing, map_type, num_experts: int,
                     num_out_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the row-id map (moe_types' order) over the caller's routing as it is (no
-    conversion ops): per-expert counts, then every slot's row.  Returns the rows and the
-    device counts (None without slots), not read yet."""
+    conversion ops): every slot's row, after a count kernel for a mask (an index map's rows
+    kernel counts for itself).  Returns the rows and the device per-expert counts (None
+    without slots), not read yet."""
     n, slots = routing.shape
     rows = torch.empty((n, slots), dtype=torch.int32, device=routing.device)
     if not routing.numel():
@@ -220,7 +237,8 @@ def _launch_row_map(routing, map_type, num_experts: int,
     column = map_type == MapType.MASK
     total = n if column else n * slots
     counts = torch.empty(num_experts, dtype=torch.int32, device=routing.device)
-    _count_kernel[(num_experts,)](r, counts, total, slots, COLUMN=column, BLOCK=_MAP_BLOCK)
+    if column:
+        _count_kernel[(num_experts,)](r, counts, total, slots, COLUMN=True, BLOCK=_MAP_BLOCK)
     _rows_kernel[(num_experts,)](r, counts, rows, total, slots, num_experts, num_out_tokens,
                                  COLUMN=column, BLOCK=_MAP_BLOCK, BLOCK_E=_pow2(num_experts))
     return rows, counts
