@@ -26,7 +26,7 @@ read in their own dtype: no conversion ops), one program per expert: ``_rows_ker
 each slot's row from the rows of the experts before its own and a block cumsum over its
 candidate slots, after ``_count_kernel`` for a mask (an index map's programs count the
 experts below their own themselves); independent of the torch backend's torch-op
-construction.  A permute is so two launches (index) or three (mask) plus one per moved
+construction.  So a permute is two launches (index) or three (mask) plus one per moved
 tensor, and one read-back of the per-expert counts (the kept tokens per expert, the grouped
 GEMM's m_splits) after every launch (op-level host cost: docs/benchmarks.md).
 """
