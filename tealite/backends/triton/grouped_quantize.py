@@ -321,7 +321,8 @@ def _per_tensor(x, splits, recipe, rowwise, columnwise, dbias, scale):
         GIVEN=given, POW2=False if given else recipe.force_pow2_scales, DBIAS=dbias,
         **launch.tile, num_warps=cfg["num_warps"], **_consts(x, recipe))
     # Each group's (1,) scale and amax as views; the columnwise scales one copy of all of
-    # them (one launch, not one clone per group), so no two fields share storage.
+    # them (one launch, not one clone per group): a tensor's rowwise and columnwise scales
+    # never share storage, as before.
     row_s, amaxes = sinv.split(1), amax_bits.view(torch.float32).split(1)
     col_s = sinv.clone().split(1) if columnwise else [None] * groups
     tensors = []

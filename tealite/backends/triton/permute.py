@@ -27,8 +27,9 @@ each slot's row from the rows of the experts before its own and a block cumsum o
 candidate slots, after ``_count_kernel`` for a mask (an index map's programs count the
 experts below their own themselves); independent of the torch backend's torch-op
 construction.  So a permute is two launches (index) or three (mask) plus one per moved
-tensor, and one read-back of the per-expert counts (the kept tokens per expert, the grouped
-GEMM's m_splits) after every launch (op-level host cost: docs/benchmarks.md).
+tensor, and no read-back: the per-expert counts go into the map as ``PendingCounts``, read
+when ``tokens_per_expert`` (the grouped GEMM's m_splits) is first asked for (op-level host
+cost: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
-from tealite.moe_types import (MapType, RowIdMap, chunk_source_rows, pad_source_rows,
-                               unpad_source_rows)
+from tealite.moe_types import (MapType, PendingCounts, RowIdMap, chunk_source_rows,
+                               pad_source_rows, unpad_source_rows)
 from tealite.types import Op
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -217,16 +218,6 @@ _MAP_BLOCK = 4096
 _MAP_WARPS = 8
 
 
-def _kept_per_expert(counts: list[int], num_out_tokens: int) -> tuple[int, ...]:
-    """The kept rows per expert: dropping takes the tail of the expert-major order, so expert
-    e keeps what is left of num_out_tokens after the experts before it, at most its count."""
-    kept, before = [], 0
-    for c in counts:
-        kept.append(min(c, max(0, num_out_tokens - before)))
-        before += c
-    return tuple(kept)
-
-
 def _launch_row_map(routing, map_type, num_experts: int,
                     num_out_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the row-id map (moe_types' order) over the caller's routing as it is (no
@@ -248,15 +239,6 @@ def _launch_row_map(routing, map_type, num_experts: int,
                                  COLUMN=column, BLOCK=_MAP_BLOCK, BLOCK_E=_pow2(num_experts),
                                  num_warps=_MAP_WARPS)
     return rows, counts
-
-
-def _finish_row_map(rows, counts, map_type, num_experts: int,
-                    num_out_tokens: int) -> RowIdMap:
-    """The RowIdMap, reading the counts (the kept tokens per expert, the grouped GEMM's
-    m_splits): the op's one read-back, taken after every launch so that it only waits."""
-    host = counts.tolist() if counts is not None else [0] * num_experts
-    return RowIdMap(rows, map_type, num_experts, num_out_tokens,
-                    _kept_per_expert(host, num_out_tokens))
 
 
 def _blocks(h: int) -> tuple[int, int]:
@@ -310,14 +292,15 @@ def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
 @BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
     rows, counts = _launch_row_map(routing, map_type, num_experts, num_out_tokens)
-    # Every launch before the one read-back (the counts), so the host never idles the device.
     out = _scatter(x, rows, num_out_tokens)
     # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
     probs_out = None if probs is None else \
         _scatter(probs.reshape(-1, 1), rows.reshape(-1, 1), num_out_tokens).reshape(-1)
     scales_out = _scatter(scale_inv, rows, num_out_tokens)
-    row_map = _finish_row_map(rows, counts, map_type, num_experts, num_out_tokens)
-    return out, row_map, probs_out, scales_out
+    # The kept tokens per expert stay on the device until asked for: no sync in the backend.
+    kept = (0,) * num_experts if counts is None else PendingCounts(counts, num_out_tokens)
+    return out, RowIdMap(rows, map_type, num_experts, num_out_tokens, kept), probs_out, \
+        scales_out
 
 
 def _is_bf16(t) -> bool:
