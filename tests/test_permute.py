@@ -105,6 +105,9 @@ BAD = [
     (lambda: tealite.moe_permute(X, TE_MASK, num_out_tokens=8), r"num_out_tokens \(8\) must be"),
     (lambda: tealite.moe_permute(X, TE_MASK, probs=torch.rand(5, 2)), "probs must have shape"),
     (lambda: tealite.moe_permute(X, TE_MASK, map_type="dense"), "map_type must be one of"),
+    (lambda: tealite.moe_permute(X, TE_MASK, check_values=False),
+     "num_out_tokens is required with check_values=False"),
+    (lambda: tealite.moe_permute(X, TE_MASK, check_values=1), "check_values must be a bool"),
     (lambda: tealite.moe_pad_rows(X, [2, 3], 0), "align must be an int >= 1"),
     (lambda: tealite.moe_pad_rows(X, [2, 2], 16), "splits must sum to the token count 5"),
     (lambda: tealite.moe_pad_rows(X, [6, -1], 16), "splits must be non-negative"),
@@ -420,3 +423,26 @@ def test_triton_permute_reads_the_device_once(map_type):
     maps = {"_rows_kernel": 1} if map_type == "index" else {"_count_kernel": 1, "_rows_kernel": 1}
     assert counts.launches == dict(maps, _scatter_rows_kernel=2)  # x and the probs
     assert torch.Tensor.tolist.__name__ == "tolist"  # restored on exit
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("map_type", ["mask", "index"])
+def test_unchecked_permute_reads_nothing_back(backend, map_type):
+    """check_values=False (the caller vouches for the routing, as TE assumes) gives the same
+    rows and map as the checked call; on triton the call reads nothing back until
+    tokens_per_expert is asked for (the checked call reads once)."""
+    from benchmarks.host_cost_moe import counting
+    idx = torch.tensor([[0, 2], [1, 2], [2, 0], [1, 0]])
+    routing = idx if map_type == "index" else \
+        torch.zeros((4, 3), dtype=torch.bool).scatter_(1, idx, True)
+    x = torch.arange(8.0).reshape(4, 2)
+    kw = dict(map_type=map_type, num_experts=3, num_out_tokens=7, backend=backend)
+    checked = tealite.moe_permute(x, routing, **kw)
+    with counting() as counts:
+        unchecked = tealite.moe_permute(x, routing, check_values=False, **kw)
+        at_call = sum(counts.reads.values())
+    if backend == "triton":
+        assert at_call == 0, counts.reads
+    assert torch.equal(unchecked.out, checked.out)
+    assert torch.equal(unchecked.row_id_map.rows, checked.row_id_map.rows)
+    assert unchecked.row_id_map.tokens_per_expert == checked.row_id_map.tokens_per_expert
