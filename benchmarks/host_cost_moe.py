@@ -120,6 +120,12 @@ def permute_cases():
         yield f"moe_permute {map_type}", module, \
             lambda r=routing, m=map_type: tealite.moe_permute(
                 x, r, map_type=m, num_experts=experts, backend="triton")
+    for map_type, routing in (("index", idx.to(torch.int32)), ("mask", mask)):
+        # TE's convention (check_values=False, num_out_tokens given): no read-back at all
+        yield f"moe_permute {map_type} unchecked", module, \
+            lambda r=routing, m=map_type: tealite.moe_permute(
+                x, r, map_type=m, num_experts=experts, num_out_tokens=tokens * topk,
+                check_values=False, backend="triton")
 
 
 def grouped_quantize_cases():
