@@ -37,7 +37,7 @@ and the typed row-id map, in the section at the bottom.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import torch
@@ -238,7 +238,8 @@ class RowIdMap:
     map_type: MapType
     num_experts: int
     num_out_tokens: int
-    kept: tuple[int, ...] | PendingCounts
+    # not compared or hashed: a first read replaces the pending counts by their tuple
+    kept: tuple[int, ...] | PendingCounts = field(compare=False)
 
     def __init__(self, rows: torch.Tensor, map_type: MapType, num_experts: int,
                  num_out_tokens: int, tokens_per_expert: tuple[int, ...] | PendingCounts):
