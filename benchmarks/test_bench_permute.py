@@ -52,6 +52,26 @@ def test_permute(bench, permute_inputs, copy_reference, map_type, backend):
               target_pct=PERMUTE if backend == "triton" else None)
 
 
+@pytest.mark.parametrize("map_type", ["index", "mask"])
+def test_permute_unchecked(bench, permute_inputs, copy_reference, map_type):
+    """TE's calling convention: the caller gives num_out_tokens and vouches for the routing
+    (check_values=False), and nobody reads tokens_per_expert: triton's call syncs nowhere,
+    so the host runs ahead as for any async op (the checked row above syncs once a call)."""
+    x, experts = permute_inputs[0], permute_inputs[4]
+    routing, _ = _routing(permute_inputs, map_type)
+    num_out = int((routing != 0).sum()) if map_type == "mask" else routing.numel()
+
+    def fn():
+        return tealite.moe_permute(x, routing, map_type=map_type, num_experts=experts,
+                                   num_out_tokens=num_out, check_values=False,
+                                   backend="triton")
+    out = fn()
+    bench.run(fn, group="permute", kernel=f"moe_permute {map_type} unchecked",
+              backend="triton", shape=tuple(x.shape), dtype=x.dtype,
+              nbytes=C.permute_bytes(x, routing, out.out, out.row_id_map.rows),
+              reference=copy_reference, target_pct=PERMUTE)
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "plain"])
 def test_unpermute(bench, permute_inputs, copy_reference, with_probs, backend):

@@ -37,7 +37,7 @@ and the typed row-id map, in the section at the bottom.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import torch
@@ -194,7 +194,33 @@ class MapType(str, enum.Enum):
     __format__ = str.__format__
 
 
+def kept_per_expert(counts: Sequence[int], num_out_tokens: int) -> tuple[int, ...]:
+    """The kept rows per expert from the routed slots per expert: dropping takes the tail of
+    the expert-major order, so expert e keeps what is left of ``num_out_tokens`` after the
+    experts before it, at most its own count."""
+    kept, before = [], 0
+    for c in counts:
+        kept.append(min(c, max(0, num_out_tokens - before)))
+        before += c
+    return tuple(kept)
+
+
 @dataclass(frozen=True)
+class PendingCounts:
+    """A row-id map's kept rows per expert not read back yet: the routed slots per expert
+    (an int tensor (E,) on the map's device, which a backend's kernels computed) and
+    ``num_out_tokens``.  Reading them is a device sync, so a backend hands this to
+    :class:`RowIdMap` and the read happens when ``tokens_per_expert`` is first asked for
+    (never, for a caller that only moves rows)."""
+
+    routed: torch.Tensor
+    num_out_tokens: int
+
+    def read(self) -> tuple[int, ...]:
+        return kept_per_expert(self.routed.tolist(), self.num_out_tokens)
+
+
+@dataclass(frozen=True, init=False)
 class RowIdMap:
     """Where every (token, slot) went in the permuted tensor: the contract between
     ``moe_permute`` and ``moe_unpermute`` / ``moe_unpermute_bwd``.
@@ -203,14 +229,30 @@ class RowIdMap:
     ``s`` (slot = expert for a mask map, top-k position for an index map), or -1 where the slot
     is not routed (mask 0) or its row was dropped (beyond ``num_out_tokens``).  The kept rows are
     exactly ``0 .. num_out_tokens - 1``, each once.
-    ``tokens_per_expert``: the kept rows per expert, in order (the grouped GEMM's m_splits).
+    ``tokens_per_expert``: the kept rows per expert, in order (the grouped GEMM's m_splits), a
+    tuple of ints.  A backend may construct the map with :class:`PendingCounts` instead: the
+    tuple is then read back on first access, and kept.
     """
 
     rows: torch.Tensor
     map_type: MapType
     num_experts: int
     num_out_tokens: int
-    tokens_per_expert: tuple[int, ...]
+    # not compared or hashed: a first read replaces the pending counts by their tuple
+    kept: tuple[int, ...] | PendingCounts = field(compare=False)
+
+    def __init__(self, rows: torch.Tensor, map_type: MapType, num_experts: int,
+                 num_out_tokens: int, tokens_per_expert: tuple[int, ...] | PendingCounts):
+        for name, value in (("rows", rows), ("map_type", map_type),
+                            ("num_experts", num_experts), ("num_out_tokens", num_out_tokens),
+                            ("kept", tokens_per_expert)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def tokens_per_expert(self) -> tuple[int, ...]:
+        if isinstance(self.kept, PendingCounts):
+            object.__setattr__(self, "kept", self.kept.read())  # read once, then kept
+        return self.kept
 
     @property
     def num_tokens(self) -> int:

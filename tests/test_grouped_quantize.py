@@ -245,3 +245,27 @@ def test_triton_fused_recipes_never_launch_per_group(monkeypatch, recipe):
     out = tealite.grouped_quantize(_x(9, 40), [2, 0, 6, 1], recipe, columnwise=True,
                                    dbias=True, scale=scale, backend="triton")
     assert len(out.tensors) == 4 and out.dbias.shape == (4, 40)
+
+
+@needs_triton
+@pytest.mark.parametrize("recipe", [CURRENT, R.Float8BlockScaling()], ids=str)
+def test_triton_device_work_does_not_grow_with_the_groups(recipe):
+    """What a call asks of the device (torch kernel ops, Triton launches, host reads) is the
+    same for 2 groups and 8: per-group work is host Python only (was one scale clone per
+    group, columnwise per-tensor).  Op level was host-bound (docs/benchmarks.md)."""
+    from benchmarks.host_cost_moe import counting, torch_kernel_ops
+    from tealite.backends.triton import grouped_quantize as G
+
+    def device_work(splits):
+        def call():
+            return tealite.grouped_quantize(_x(16, 40), splits, recipe, columnwise=True,
+                                            dbias=True, backend="triton")
+        call()  # the first call builds the cached tables
+        with counting([G], stub=True) as counts:  # stubbed: the interpreter's copies aside
+            ops = torch_kernel_ops(call)
+        ops.pop("aten::randn", None)  # _x's
+        return ops, dict(counts.launches), dict(counts.reads)
+
+    two = device_work([8, 8])
+    assert two == device_work([2, 2, 2, 0, 4, 2, 2, 2])
+    assert not two[2] and sum(two[0].values()) <= 2, two

@@ -6,9 +6,11 @@ Routing, the permuted order, dropped tokens and the row-id map (:class:`RowIdMap
 defined once in tealite/moe_types.py.  In short: the routed (token, slot) pairs are sorted by
 (expert, token, slot); the first ``num_out_tokens`` of them are kept.
 
-* ``moe_permute(x, routing, map_type=, num_experts=, num_out_tokens=, probs=)`` -> ``Permuted``:
-  ``out[rows[t, s]] = x[t]`` for every kept slot, ``probs_out[rows[t, s]] = probs[t, s]``
-  (``probs`` shaped like the slots), and the row-id map.  Pure data movement: exact.
+* ``moe_permute(x, routing, map_type=, num_experts=, num_out_tokens=, probs=,
+  check_values=)`` -> ``Permuted``: ``out[rows[t, s]] = x[t]`` for every kept slot,
+  ``probs_out[rows[t, s]] = probs[t, s]`` (``probs`` shaped like the slots), and the row-id
+  map.  Pure data movement: exact.  ``check_values=False``: the caller vouches for the
+  routing's values (no read-back; see the function).
 * ``moe_unpermute(permuted, row_id_map, merging_probs=)`` -> (num_tokens, hidden):
   ``out[t] = sum_s p[t, s] * permuted[rows[t, s]]`` over the kept slots in slot order
   (``p = 1`` without merging probs), products and sum in fp32, one rounding into permuted's
@@ -163,7 +165,11 @@ def _int(name: str, v, lo: int) -> int:
 # ---- permute ------------------------------------------------------------------------------
 
 def _routed_count(routing: torch.Tensor, map_type: MapType) -> int:
-    return int((routing != 0).sum()) if map_type == MapType.MASK else routing.numel()
+    """The routed slots: every index slot; a mask's nonzeros (one reduction and one read for
+    a bool mask, which sums as it is)."""
+    if map_type == MapType.INDEX:
+        return routing.numel()
+    return int((routing if routing.dtype == torch.bool else routing != 0).sum())
 
 
 def _check_routing(routing, map_type: MapType, num_tokens: int, num_experts) -> int:
@@ -181,39 +187,74 @@ def _check_routing(routing, map_type: MapType, num_tokens: int, num_experts) -> 
     require(routing.shape[0] == num_tokens,
             f"indices must have one row per token ({num_tokens}), got shape "
             f"{tuple(routing.shape)}")
-    num_experts = _int("num_experts", num_experts, 1)
-    if routing.numel() and not capturing(routing):
-        lo, hi = (int(v) for v in torch.aminmax(routing))  # one kernel, one read-back
-        require(0 <= lo and hi < num_experts,
-                f"indices must lie in [0, num_experts = {num_experts}), got values in "
-                f"[{lo}, {hi}]")
-    return num_experts
+    return _int("num_experts", num_experts, 1)
+
+
+def _index_bounds(routing, map_type: MapType) -> torch.Tensor | None:
+    """The indices' (min, max), launched but not read yet: the host dispatches while the
+    device reduces, and :func:`_check_index_bounds` reads both in one sync (None: nothing to
+    check -- a mask, no slots, or a CUDA-graph capture, where a read-back is illegal)."""
+    if map_type == MapType.MASK or not routing.numel() or capturing(routing):
+        return None
+    return torch.stack(torch.aminmax(routing))
+
+
+def _check_index_bounds(bounds: torch.Tensor | None, num_experts: int) -> None:
+    """Before any backend reads the indices (an out-of-range expert id would index past a
+    backend's per-expert tables)."""
+    if bounds is None:
+        return
+    lo, hi = bounds.tolist()
+    require(0 <= lo and hi < num_experts,
+            f"indices must lie in [0, num_experts = {num_experts}), got values in [{lo}, {hi}]")
+
+
+def _out_tokens(routing, map_type: MapType, num_out_tokens, check_values: bool):
+    """(num_out_tokens, routed): the default is every routed slot.  A mask's routed count is
+    a read-back, skipped with ``check_values=False`` (routed None: num_out_tokens is then the
+    caller's, unchecked)."""
+    if not check_values and map_type == MapType.MASK:
+        require(num_out_tokens is not None,
+                "num_out_tokens is required with check_values=False for a routing mask "
+                "(counting its routed slots reads the mask back, a device sync)")
+        return _int("num_out_tokens", num_out_tokens, 0), None
+    routed = _routed_count(routing, map_type)
+    num_out_tokens = routed if num_out_tokens is None else num_out_tokens
+    _int("num_out_tokens", num_out_tokens, 0)
+    require(num_out_tokens <= routed,
+            f"num_out_tokens ({num_out_tokens}) must be <= the routed slots ({routed})")
+    return num_out_tokens, routed
 
 
 def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None = None,
-                num_out_tokens: int | None = None, probs=None,
+                num_out_tokens: int | None = None, probs=None, check_values: bool = True,
                 backend: str | None = None) -> Permuted:
     """Group tokens by expert (module docstring).  ``routing``: the mask (num_tokens, E) or the
     indices (num_tokens, topk) with ``num_experts``; ``num_out_tokens`` (default: every routed
-    slot) keeps only that many rows; ``probs`` (shaped like the slots) are permuted along."""
+    slot) keeps only that many rows; ``probs`` (shaped like the slots) are permuted along.
+
+    ``check_values=False`` skips the checks that read the routing's values back to the host
+    (each a device sync): indices in [0, num_experts) and, for a mask, num_out_tokens <= its
+    routed slots (num_out_tokens is then required).  The caller vouches for both, as TE's
+    ``moe_permute`` assumes; with the map's ``tokens_per_expert`` left unread the call then
+    need not sync at all (triton).  Out-of-range indices are undefined then (triton gives
+    them no row)."""
     require(map_type in tuple(m.value for m in MapType),
             f"map_type must be one of {tuple(m.value for m in MapType)}, got {map_type!r}")
+    require(isinstance(check_values, bool), f"check_values must be a bool, got {check_values!r}")
     mt = MapType(map_type)
     rows = _rows_of("x", x)
     n = rows.data.shape[0]
     experts = _check_routing(routing, mt, n, num_experts)
+    bounds = _index_bounds(routing, mt) if check_values else None
     _check_probs("probs", probs, tuple(routing.shape))
-    routed = _routed_count(routing, mt)
-    if num_out_tokens is None:
-        num_out_tokens = routed
-    _int("num_out_tokens", num_out_tokens, 0)
-    require(num_out_tokens <= routed,
-            f"num_out_tokens ({num_out_tokens}) must be <= the routed slots ({routed})")
+    num_out_tokens, routed = _out_tokens(routing, mt, num_out_tokens, check_values)
     device = check_same_device(x=rows.data, routing=routing, probs=probs)
     params = dict(_base_params(rows, device), map_type=mt.value, num_tokens=n,
                   num_experts=experts, slots=routing.shape[1], num_out_tokens=num_out_tokens,
                   routed=routed, with_probs=probs is not None)
     impl = registry.dispatch(Op.MOE_PERMUTE, params, backend)
+    _check_index_bounds(bounds, experts)
     out, row_map, probs_out, scale_out = impl.fn(
         rows.data, routing, map_type=mt, num_experts=experts, num_out_tokens=num_out_tokens,
         probs=probs, scale_inv=rows.scale_inv)

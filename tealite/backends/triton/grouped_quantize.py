@@ -27,6 +27,9 @@ its block scales a contiguous slice laid out as ``quantize_block`` lays out a gr
 """
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -209,13 +212,19 @@ def _reduce_dbias_kernel(part_ptr, out_ptr, tile_start, K, OUT_BF16: tl.constexp
 
 # ---- host side ---------------------------------------------------------------------------
 
+def _cdiv(a: int, b: int) -> int:
+    """Host ceil-division in plain ints (triton.cdiv is a constexpr function costing
+    microseconds a call on the host, and a call took ~18 of them)."""
+    return -(-a // b)
+
+
 def group_tiles(splits, bm: int) -> tuple[list[int], list[int], list[int]]:
     """(tile_group, tile_row, tile_start): every group's rows cut into tiles of ``bm`` rows from
     its first row (an empty group: one tile), and group g's tiles [tile_start[g],
     tile_start[g + 1])."""
     tile_group, tile_row, tile_start = [], [], [0]
     for g, m in enumerate(splits):
-        n = max(1, triton.cdiv(m, bm))
+        n = max(1, _cdiv(m, bm))
         tile_group += [g] * n
         tile_row += [i * bm for i in range(n)]
         tile_start.append(tile_start[-1] + n)
@@ -223,26 +232,39 @@ def group_tiles(splits, bm: int) -> tuple[list[int], list[int], list[int]]:
 
 
 class _Launch:
-    """The device-side tile table of one call, and the kernels' common arguments."""
+    """The device-side tile table of one (splits, tile, K, device), and the kernels' common
+    arguments; read-only, so one per key serves every call (:func:`_launch`)."""
 
-    def __init__(self, x, splits, bm: int, bn: int):
-        dev = x.device
+    def __init__(self, splits: tuple[int, ...], bm: int, bn: int, k: int, device: str):
         tg, tr, ts = group_tiles(splits, bm)
-        self.k = x.shape[1]
-        self.tiles_n = max(1, triton.cdiv(self.k, bn))
+        self.k = k
+        self.tiles_n = max(1, _cdiv(k, bn))
         self.grid = (len(tg) * self.tiles_n,)
-        self.table = (device_table(tg, torch.int32, dev), device_table(tr, torch.int32, dev),
-                      device_table(split_offsets(splits), torch.int64, dev))
-        self.tile_start = device_table(ts, torch.int32, dev)
+        self.table = (device_table(tg, torch.int32, device),
+                      device_table(tr, torch.int32, device),
+                      device_table(split_offsets(splits), torch.int64, device))
+        self.tile_start = device_table(ts, torch.int32, device)
         self.tiles = len(tg)
         self.tile = dict(BM=bm, BN=bn)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_launch(splits: tuple[int, ...], bm: int, bn: int, k: int, device: str) -> _Launch:
+    return _Launch(splits, bm, bn, k, device)
+
+
+def _launch(x, splits, cfg: dict) -> _Launch:
+    """The call's tile plan, built once per (splits, tile, K, device): rebuilding the tile
+    lists and hashing them into device_table's cache was a third of the host time a call
+    (the device tables themselves were cached already, for CUDA graphs)."""
+    return _cached_launch(tuple(splits), cfg["BM"], cfg["BN"], x.shape[1], str(x.device))
 
 
 def _dbias(x, launch: _Launch, part, groups: int) -> torch.Tensor:
     out = torch.empty((groups, launch.k), dtype=x.dtype, device=x.device)
     if launch.k:
         bn = CONFIGS["reduce"]["BN"]
-        _reduce_dbias_kernel[(groups, triton.cdiv(launch.k, bn))](
+        _reduce_dbias_kernel[(groups, _cdiv(launch.k, bn))](
             part, as_kernel_arg(out), launch.tile_start, launch.k,
             OUT_BF16=x.dtype == torch.bfloat16, **CONFIGS["reduce"])
     return out
@@ -256,15 +278,14 @@ def _consts(x, recipe) -> dict:
 
 
 def _views(fmt, splits, k, q, qt):
-    """Group g's (rowwise (m_g, K), columnwise (K, m_g)) code views of the shared buffers."""
-    offs = split_offsets(splits)
-    out = []
-    for g, m in enumerate(splits):
-        rv = q[offs[g]:offs[g + 1]].view(fmt.torch_dtype) if q is not None else None
-        cv = qt[offs[g] * k:offs[g + 1] * k].view(k, m).view(fmt.torch_dtype) \
-            if qt is not None else None
-        out.append((rv, cv))
-    return out
+    """Group g's (rowwise (m_g, K), columnwise (K, m_g)) code views of the shared buffers (one
+    split call per buffer, not a slice and a view per group)."""
+    splits = list(splits)
+    rows = q.view(fmt.torch_dtype).split(splits) if q is not None else [None] * len(splits)
+    cols = [c.view(k, m) for c, m in zip(
+        qt.view(fmt.torch_dtype).split([m * k for m in splits]), splits)] \
+        if qt is not None else [None] * len(splits)
+    return list(zip(rows, cols))
 
 
 def _buffers(x, rowwise: bool, columnwise: bool):
@@ -280,7 +301,7 @@ def _per_tensor(x, splits, recipe, rowwise, columnwise, dbias, scale):
     """Current or delayed per-tensor scaling of every group: an amax pass, a cast pass."""
     fmt, dev, groups = get_format(recipe.fmt), x.device, len(splits)
     cfg = CONFIGS["tensor"]
-    launch = _Launch(x, splits, cfg["BM"], cfg["BN"])
+    launch = _launch(x, splits, cfg)
     given = recipe.scale_given
     xk = as_kernel_arg(x)
     amax_bits = torch.zeros(groups, dtype=torch.int32, device=dev)
@@ -299,21 +320,55 @@ def _per_tensor(x, splits, recipe, rowwise, columnwise, dbias, scale):
         fmt.max, 0.0 if given else recipe.amax_epsilon, ROW=rowwise, COL=columnwise,
         GIVEN=given, POW2=False if given else recipe.force_pow2_scales, DBIAS=dbias,
         **launch.tile, num_warps=cfg["num_warps"], **_consts(x, recipe))
-    amax = amax_bits.view(torch.float32)
+    # Each group's (1,) scale and amax as views; the columnwise scales one copy of all of
+    # them (one launch, not one clone per group): a tensor's rowwise and columnwise scales
+    # never share storage, as before.
+    row_s, amaxes = sinv.split(1), amax_bits.view(torch.float32).split(1)
+    col_s = sinv.clone().split(1) if columnwise else [None] * groups
     tensors = []
     for g, (rv, cv) in enumerate(_views(fmt, splits, x.shape[1], q, qt)):
-        s = sinv[g:g + 1]
         tensors.append(QuantizedTensor(
             recipe=recipe, shape=(splits[g], x.shape[1]), data=rv,
-            scale_inv=s if rowwise else None, columnwise_data=cv,
-            columnwise_scale_inv=s.clone() if columnwise else None,
-            amax=None if recipe.amax_granularity is None else amax[g:g + 1]))
+            scale_inv=row_s[g] if rowwise else None, columnwise_data=cv,
+            columnwise_scale_inv=col_s[g],
+            amax=None if recipe.amax_granularity is None else amaxes[g]))
     return tensors, _dbias(x, launch, part, groups) if dbias else None
 
 
-def _scale_offsets(sizes, dev) -> tuple[torch.Tensor, list[int]]:
-    offs = split_offsets(sizes)
-    return device_table(offs[:-1] or [0], torch.int64, dev), list(offs)
+class _BlockLayout(NamedTuple):
+    """Per group, quantize_block's scale shapes -- rowwise (m_g or ceil(m_g/128), nbk),
+    columnwise (K or nbk, ceil(m_g/128)) -- and where each group's scales start in the
+    shared buffers (device tables for the kernel, host offsets for the views)."""
+
+    nbk: int
+    row_shapes: tuple
+    col_shapes: tuple
+    s_off: torch.Tensor
+    s_ends: tuple
+    st_off: torch.Tensor
+    st_ends: tuple
+
+
+def _scale_offsets(shapes, device: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+    offs = split_offsets([a * b for a, b in shapes])
+    return device_table(offs[:-1] or [0], torch.int64, device), offs
+
+
+@functools.lru_cache(maxsize=256)
+def _block_layout(splits: tuple[int, ...], k: int, square: bool, device: str) -> _BlockLayout:
+    """Built once per (splits, K, block shape, device), as the tile plan (:func:`_launch`)."""
+    nbk = _cdiv(k, BLOCK)
+    rows = tuple((_cdiv(m, BLOCK) if square else m, nbk) for m in splits)
+    cols = tuple((nbk if square else k, _cdiv(m, BLOCK)) for m in splits)
+    return _BlockLayout(nbk, rows, cols, *_scale_offsets(rows, device),
+                        *_scale_offsets(cols, device))
+
+
+def _scale_views(buf: torch.Tensor, ends, shapes) -> list[torch.Tensor]:
+    """Group g's scales: elements [ends[g], ends[g + 1]) of ``buf`` shaped ``shapes[g]`` (buf
+    has one spare element when every group's scales are empty)."""
+    parts = buf.narrow(0, 0, ends[-1]).split([b - a for a, b in zip(ends, ends[1:])])
+    return [p.view(shape) for p, shape in zip(parts, shapes)]
 
 
 def _per_block(x, splits, recipe, rowwise, columnwise, dbias):
@@ -322,33 +377,25 @@ def _per_block(x, splits, recipe, rowwise, columnwise, dbias):
     k = x.shape[1]
     square = recipe.block[0] == BLOCK
     cfg = CONFIGS["block_col" if columnwise or square else "block_row"]
-    launch = _Launch(x, splits, cfg["BM"], cfg["BN"])
-    nbk = triton.cdiv(k, BLOCK)
-    # Per group, quantize_block's scale shapes: rowwise (m_g or ceil(m_g/128), nbk),
-    # columnwise (K or nbk, ceil(m_g/128)).
-    row_shapes = [(triton.cdiv(m, BLOCK) if square else m, nbk) for m in splits]
-    col_shapes = [(nbk if square else k, triton.cdiv(m, BLOCK)) for m in splits]
-    s_off, s_ends = _scale_offsets([a * b for a, b in row_shapes], dev)
-    st_off, st_ends = _scale_offsets([a * b for a, b in col_shapes], dev)
-    s = torch.empty(s_ends[-1] or 1, dtype=torch.float32, device=dev)
-    st = torch.empty(st_ends[-1] or 1, dtype=torch.float32, device=dev)
+    launch = _launch(x, splits, cfg)
+    lay = _block_layout(tuple(splits), k, square, str(dev))
+    s = torch.empty(lay.s_ends[-1] or 1, dtype=torch.float32, device=dev)
+    st = torch.empty(lay.st_ends[-1] or 1, dtype=torch.float32, device=dev)
     q, qt, dummy = _buffers(x, rowwise, columnwise)
     part = torch.empty((launch.tiles, k), dtype=torch.float32, device=dev) if dbias \
         else torch.empty(1, dtype=torch.float32, device=dev)
     _grouped_block_cast_kernel[launch.grid](
         as_kernel_arg(x), dummy if q is None else q, s, dummy if qt is None else qt, st,
-        s_off, st_off, part, *launch.table, k, nbk, launch.tiles_n, fmt.max,
+        lay.s_off, lay.st_off, part, *launch.table, k, lay.nbk, launch.tiles_n, fmt.max,
         recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=square,
         POW2=recipe.force_pow2_scales, DBIAS=dbias, **launch.tile,
         num_warps=cfg["num_warps"], **_consts(x, recipe))
-    tensors = []
-    for g, (rv, cv) in enumerate(_views(fmt, splits, k, q, qt)):
-        tensors.append(QuantizedTensor(
-            recipe=recipe, shape=(splits[g], k), data=rv,
-            scale_inv=s[s_ends[g]:s_ends[g + 1]].view(row_shapes[g]) if rowwise else None,
-            columnwise_data=cv,
-            columnwise_scale_inv=st[st_ends[g]:st_ends[g + 1]].view(col_shapes[g])
-            if columnwise else None))
+    row_s = _scale_views(s, lay.s_ends, lay.row_shapes) if rowwise else [None] * groups
+    col_s = _scale_views(st, lay.st_ends, lay.col_shapes) if columnwise else [None] * groups
+    tensors = [QuantizedTensor(recipe=recipe, shape=(splits[g], k), data=rv,
+                               scale_inv=row_s[g], columnwise_data=cv,
+                               columnwise_scale_inv=col_s[g])
+               for g, (rv, cv) in enumerate(_views(fmt, splits, k, q, qt))]
     return tensors, _dbias(x, launch, part, groups) if dbias else None
 
 
@@ -362,7 +409,7 @@ def _per_group(x, splits, recipe, rowwise, columnwise, dbias, scale):
     if not dbias:
         return tensors, None
     cfg = CONFIGS["tensor"]
-    launch = _Launch(x, splits, cfg["BM"], cfg["BN"])
+    launch = _launch(x, splits, cfg)
     part = torch.empty((launch.tiles, launch.k), dtype=torch.float32, device=x.device)
     _grouped_pass_kernel[launch.grid](as_kernel_arg(x), part, part, *launch.table, launch.k,
                                       launch.tiles_n, AMAX=False, DBIAS=True,

@@ -20,11 +20,16 @@ Three kernels:
 
 Data movement runs on bit patterns (the host passes same-width integer views), so FP8 codes,
 packed e2m1 bytes, E8M0 scales and bf16 move exactly on every target; arithmetic reads bf16
-through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is two kernels
-of its own (``_rank_kernel``: one program per expert scans its candidate slots in blocks, a
-block cumsum plus the running count ranking each hit; ``_rows_kernel``: rank plus the rows of
-the experts before), independent of the torch backend's torch-op construction; the host reads
-the kept tokens per expert once (the grouped GEMM's m_splits).
+through ``_io`` (the interpreter's bf16 conversions are wrong).  The row-id map is Triton of its
+own over the caller's routing as given (a bool mask viewed as bytes, int masks and indices
+read in their own dtype: no conversion ops), one program per expert: ``_rows_kernel`` writes
+each slot's row from the rows of the experts before its own and a block cumsum over its
+candidate slots, after ``_count_kernel`` for a mask (an index map's programs count the
+experts below their own themselves); independent of the torch backend's torch-op
+construction.  So a permute is two launches (index) or three (mask) plus one per moved
+tensor, and no read-back: the per-expert counts go into the map as ``PendingCounts``, read
+when ``tokens_per_expert`` (the grouped GEMM's m_splits) is first asked for (op-level host
+cost: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -34,8 +39,8 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
-from tealite.moe_types import (MapType, RowIdMap, chunk_source_rows, pad_source_rows,
-                               slot_experts, unpad_source_rows)
+from tealite.moe_types import (MapType, PendingCounts, RowIdMap, chunk_source_rows,
+                               pad_source_rows, unpad_source_rows)
 from tealite.types import Op
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -46,12 +51,22 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _BLOCK_H = 1024
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """The least power of two >= n (n >= 1).  Plain ints: triton.cdiv / next_power_of_2 are
+    constexpr functions costing microseconds a call on the host, several a permute."""
+    return 1 << (n - 1).bit_length()
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()])
 
 
 def _block(h: int) -> int:
-    return min(_BLOCK_H, triton.next_power_of_2(max(h, 1)))
+    return min(_BLOCK_H, _pow2(max(h, 1)))
 
 
 @triton.jit
@@ -132,61 +147,98 @@ def _unpermute_bwd_kernel(dy_ptr, x_ptr, rows_ptr, p_ptr, gx_ptr, gp_ptr, N, H, 
 
 
 @triton.jit
-def _rank_kernel(experts_ptr, rank_ptr, count_ptr, TOTAL, SLOTS, COLUMN: tl.constexpr,
-                 BLOCK: tl.constexpr):
-    """Program e ranks the slots routed to expert e in (token, slot) order and counts them:
-    a mask's candidates are its column e (``COLUMN``), indices' are every slot."""
-    e = tl.program_id(0)
-    carry = tl.zeros((), tl.int32)
-    for b in range(0, TOTAL, BLOCK):
-        i = (b + tl.arange(0, BLOCK)).to(tl.int64)
-        ok = i < TOTAL
-        off = i * SLOTS + e if COLUMN else i
-        hit = (tl.load(experts_ptr + off, mask=ok, other=-1) == e).to(tl.int32)
-        tl.store(rank_ptr + off, tl.cumsum(hit, axis=0) - 1 + carry, mask=ok & (hit != 0))
-        carry += tl.sum(hit, axis=0)
-    tl.store(count_ptr + e, carry)
+def _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN: tl.constexpr, BLOCK: tl.constexpr):
+    """Block b of expert e's candidate slots, read straight off the caller's routing: a
+    mask's column e (hit: nonzero), or every index slot (hit: == e).  Returns (offsets, in
+    bounds, value, hit)."""
+    i = (b + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = i < TOTAL
+    off = i * SLOTS + e if COLUMN else i
+    v = tl.load(routing_ptr + off, mask=ok, other=0 if COLUMN else -1)
+    hit = ok & (v != 0) if COLUMN else ok & (v == e)
+    return off, ok, v, hit
 
 
 @triton.jit
-def _rows_kernel(experts_ptr, rank_ptr, before_ptr, rows_ptr, TOTAL, num_out,
-                 BLOCK: tl.constexpr):
-    """row = the slot's rank + the rows of the experts before its own; -1 when unrouted or
-    at / past num_out (dropped)."""
-    i = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-    ok = i < TOTAL
-    e = tl.load(experts_ptr + i, mask=ok, other=-1)
-    routed = ok & (e >= 0)
-    pos = tl.load(rank_ptr + i, mask=routed, other=0) + \
-        tl.load(before_ptr + tl.maximum(e, 0), mask=routed, other=0)
-    tl.store(rows_ptr + i, tl.where(routed & (pos < num_out), pos, -1), mask=ok)
+def _count_kernel(routing_ptr, count_ptr, TOTAL, SLOTS, COLUMN: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Program e counts the slots routed to expert e (launched for masks: an index map's rows
+    kernel counts for itself)."""
+    e = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), tl.int32)
+    for b in range(0, TOTAL, BLOCK):
+        _, _, _, hit = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
+        acc += hit.to(tl.int32)
+    tl.store(count_ptr + e, tl.sum(acc, axis=0))
 
 
-_MAP_BLOCK = 1024
+@triton.jit
+def _rows_kernel(routing_ptr, count_ptr, rows_ptr, TOTAL, SLOTS, E, num_out,
+                 COLUMN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Program e writes the rows of expert e's slots in (token, slot) order: the rows of the
+    experts before e, then a running block cumsum; -1 at / past num_out (dropped).
+
+    A mask's program reads the rows before e off ``_count_kernel``'s counts (the exclusive
+    sum) and writes its whole column (-1 where unrouted).  An index map needs no count
+    kernel: program e first counts the slots of the experts below e (a pass over the indices,
+    which every program reads anyway) and stores its own count at the end.  Every valid index
+    slot is one expert's; program 0 also writes -1 into the slots no expert owns (out of
+    range: only reachable when the front end's value check was skipped)."""
+    e = tl.program_id(0)
+    if COLUMN:
+        j = tl.arange(0, BLOCK_E)
+        carry = tl.sum(tl.load(count_ptr + j, mask=j < e, other=0), axis=0)
+    else:
+        below = tl.zeros((BLOCK,), tl.int32)
+        for b in range(0, TOTAL, BLOCK):
+            _, ok, v, _ = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
+            below += (ok & (v >= 0) & (v < e)).to(tl.int32)
+        carry = tl.sum(below, axis=0)
+    first = carry
+    for b in range(0, TOTAL, BLOCK):
+        off, ok, v, hit = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
+        h = hit.to(tl.int32)
+        row = tl.cumsum(h, axis=0) - 1 + carry
+        row = tl.where(hit & (row < num_out), row, -1)
+        if COLUMN:
+            tl.store(rows_ptr + off, row, mask=ok)
+        else:
+            # (e + 0 * h: the program id as a vector; the interpreter's scalar mask is not one)
+            orphan = ok & ((v < 0) | (v >= E)) & (e + 0 * h == 0)
+            tl.store(rows_ptr + off, row, mask=hit | orphan)
+        carry += tl.sum(h, axis=0)
+    if not COLUMN:
+        tl.store(count_ptr + e, carry - first)
 
 
-def row_id_map(routing, map_type, num_experts: int, num_out_tokens: int) -> RowIdMap:
-    """The row-id map in two kernels (moe_types' order): per-expert ranks and counts, then
-    each slot's row from its rank and the exclusive prefix sum of the counts.  The kept rows
-    per expert follow from the counts (dropping takes the tail of the order)."""
-    experts = slot_experts(routing, map_type, num_experts).to(torch.int32).contiguous()
-    n, slots = experts.shape
-    dev = experts.device
-    rank = torch.empty_like(experts)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=dev)
-    rows = torch.empty_like(experts)
+# Slots a map program scans per step.  Its programs (one per expert) walk the slots serially,
+# so the step count sets the map kernels' device time: 4096 (8 warps) is 8 steps a pass at
+# the bench's 32768 index slots where 1024 took 32.  Tests shrink it to cover the carry.
+_MAP_BLOCK = 4096
+_MAP_WARPS = 8
+
+
+def _launch_row_map(routing, map_type, num_experts: int,
+                    num_out_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the row-id map (moe_types' order) over the caller's routing as it is (no
+    conversion ops): every slot's row, after a count kernel for a mask (an index map's rows
+    kernel counts for itself).  Returns the rows and the device per-expert counts (None
+    without slots), not read yet."""
+    n, slots = routing.shape
+    rows = torch.empty((n, slots), dtype=torch.int32, device=routing.device)
+    if not routing.numel():
+        return rows, None
+    r = (routing.view(torch.uint8) if routing.dtype == torch.bool else routing).contiguous()
     column = map_type == MapType.MASK
     total = n if column else n * slots
-    if experts.numel():
-        _rank_kernel[(num_experts,)](experts, rank, counts, total, slots, COLUMN=column,
-                                     BLOCK=_MAP_BLOCK)
-    before = (torch.cumsum(counts, dim=0) - counts).to(torch.int32)
-    if experts.numel():
-        _rows_kernel[(triton.cdiv(experts.numel(), _MAP_BLOCK),)](
-            experts, rank, before, rows, experts.numel(), num_out_tokens, BLOCK=_MAP_BLOCK)
-    kept = torch.minimum(counts, (num_out_tokens - before).clamp(min=0))
-    return RowIdMap(rows, map_type, num_experts, num_out_tokens,
-                    tuple(int(c) for c in kept.tolist()))
+    counts = torch.empty(num_experts, dtype=torch.int32, device=routing.device)
+    if column:
+        _count_kernel[(num_experts,)](r, counts, total, slots, COLUMN=True, BLOCK=_MAP_BLOCK,
+                                      num_warps=_MAP_WARPS)
+    _rows_kernel[(num_experts,)](r, counts, rows, total, slots, num_experts, num_out_tokens,
+                                 COLUMN=column, BLOCK=_MAP_BLOCK, BLOCK_E=_pow2(num_experts),
+                                 num_warps=_MAP_WARPS)
+    return rows, counts
 
 
 def _blocks(h: int) -> tuple[int, int]:
@@ -196,20 +248,21 @@ def _blocks(h: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // bh)), bh
 
 
-def _scatter(x: torch.Tensor | None, row_map: RowIdMap) -> torch.Tensor | None:
-    """out[rows[t, s]] = x[t] for x (num_tokens, w), bit for bit."""
+def _scatter(x: torch.Tensor | None, rows: torch.Tensor,
+             num_out: int) -> torch.Tensor | None:
+    """out[rows[t, s]] = x[t] for x (num_tokens, w) and rows (num_tokens, slots), bit for
+    bit; out has num_out rows."""
     if x is None:
         return None
-    out = torch.empty((row_map.num_out_tokens,) + tuple(x.shape[1:]), dtype=x.dtype,
-                      device=x.device)
+    out = torch.empty((num_out,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     n, h = x.shape[0], x.shape[1] if x.dim() > 1 else 1
-    if n and h and row_map.num_out_tokens:
+    if n and h and num_out:
         xb = _bits(x.contiguous()).reshape(n, h)
         ob = _bits(out).reshape(-1, h)
         br, bh = _blocks(h)
-        grid = (triton.cdiv(n, br), triton.cdiv(h, bh))
-        _scatter_rows_kernel[grid](xb, row_map.rows.contiguous(), ob, n, h, row_map.slots,
-                                   xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
+        grid = (_cdiv(n, br), _cdiv(h, bh))
+        _scatter_rows_kernel[grid](xb, rows.contiguous(), ob, n, h, rows.shape[1], xb.stride(0),
+                                   ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
     return out
 
 
@@ -230,7 +283,7 @@ def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
         ob = _bits(out).reshape(-1, h)
         s = torch.tensor(src, dtype=torch.int64, device=x.device)
         br, bh = _blocks(h)
-        grid = (triton.cdiv(len(src), br), triton.cdiv(h, bh))
+        grid = (_cdiv(len(src), br), _cdiv(h, bh))
         _gather_rows_kernel[grid](xb, s, ob, len(src), h, _fill_bits(x.dtype, fill),
                                   xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
     return out
@@ -238,15 +291,16 @@ def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
 
 @BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
-    row_map = row_id_map(routing, map_type, num_experts, num_out_tokens)
-    probs_out = None
-    if probs is not None:
-        # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
-        flat = probs.reshape(-1, 1).contiguous()
-        one_slot = RowIdMap(row_map.rows.reshape(-1, 1), map_type, num_experts,
-                            num_out_tokens, row_map.tokens_per_expert)
-        probs_out = _scatter(flat, one_slot).reshape(-1)
-    return _scatter(x, row_map), row_map, probs_out, _scatter(scale_inv, row_map)
+    rows, counts = _launch_row_map(routing, map_type, num_experts, num_out_tokens)
+    out = _scatter(x, rows, num_out_tokens)
+    # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
+    probs_out = None if probs is None else \
+        _scatter(probs.reshape(-1, 1), rows.reshape(-1, 1), num_out_tokens).reshape(-1)
+    scales_out = _scatter(scale_inv, rows, num_out_tokens)
+    # The kept tokens per expert stay on the device until asked for: no sync in the backend.
+    kept = (0,) * num_experts if counts is None else PendingCounts(counts, num_out_tokens)
+    return out, RowIdMap(rows, map_type, num_experts, num_out_tokens, kept), probs_out, \
+        scales_out
 
 
 def _is_bf16(t) -> bool:
@@ -261,7 +315,7 @@ def moe_unpermute(permuted, row_id_map, *, merging_probs):
         x = permuted.contiguous()
         p = merging_probs.contiguous() if merging_probs is not None else x
         br, bh = _blocks(h)
-        grid = (triton.cdiv(n, br), triton.cdiv(h, bh))
+        grid = (_cdiv(n, br), _cdiv(h, bh))
         _unpermute_kernel[grid](as_kernel_arg(x), row_id_map.rows.contiguous(),
                                 as_kernel_arg(p), as_kernel_arg(out), n, h, row_id_map.slots,
                                 x.stride(0), out.stride(0),
@@ -274,7 +328,7 @@ def moe_unpermute(permuted, row_id_map, *, merging_probs):
 @BACKEND.implements(Op.MOE_UNPERMUTE_BWD, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
 def moe_unpermute_bwd(grad_out, row_id_map, *, permuted, merging_probs):
     if merging_probs is None:  # the transposed scatter of a plain sum is permute's scatter
-        return _scatter(grad_out, row_id_map), None
+        return _scatter(grad_out, row_id_map.rows, row_id_map.num_out_tokens), None
     h = grad_out.shape[1]
     grad_permuted = torch.empty((row_id_map.num_out_tokens, h), dtype=grad_out.dtype,
                                 device=grad_out.device)
@@ -284,7 +338,7 @@ def moe_unpermute_bwd(grad_out, row_id_map, *, permuted, merging_probs):
         gp = grad_probs.contiguous()
         n = row_id_map.num_tokens
         br, bh = _blocks(h)
-        _unpermute_bwd_kernel[(triton.cdiv(n, br),)](
+        _unpermute_bwd_kernel[(_cdiv(n, br),)](
             as_kernel_arg(dy), as_kernel_arg(x), row_id_map.rows.contiguous(), as_kernel_arg(p),
             as_kernel_arg(grad_permuted), as_kernel_arg(gp), n, h, row_id_map.slots,
             dy.stride(0), x.stride(0), grad_permuted.stride(0),
