@@ -129,3 +129,18 @@ def test_a_wrong_descale_is_caught(descale, outputs, monkeypatch):
     bad = {c.output for c in rep.failures if c.lhs == NAME and c.rhs == "reference"}
     assert bad >= outputs, rep.describe()
     assert not [c for c in rep.failures if c.lhs == "torch" and c.rhs == "reference"]
+
+
+def test_compiled_on_nvidia_the_fp8_backward_declares_the_fp8_mma_accumulator(monkeypatch):
+    """Hopper's FP8 MMA keeps ~13 bits (tests/test_fp8_mma_accumulator.py): the compiled FP8
+    backward on NVIDIA declares it; the interpreter (numpy dots) and the bf16 path do not."""
+    from tealite import recipes as R
+    from tealite.backends.aiter_triton.qgemm import _FP8_MMA_U
+    p = dict(dtype=torch.float16, layout="bshd", recipe=R.Float8CurrentScaling())
+    monkeypatch.setattr(AA, "INTERPRET", False)
+    with aiter_triton.PLATFORM.override(nvidia=True):
+        assert AA._numerics(True)(p)["accumulator_unit_roundoff"] == _FP8_MMA_U
+        assert AA._numerics(True)(dict(p, recipe=None))["accumulator_unit_roundoff"] != \
+            _FP8_MMA_U
+    with aiter_triton.PLATFORM.override(nvidia=False):
+        assert "accumulator_unit_roundoff" not in AA._numerics(True)(p)

@@ -57,7 +57,8 @@ the dynamic scale ``FP8_MAX / max(|block|, 1e-9)`` before the dV / dK / dQ produ
 descaled after; dq / dk / dv written to the fp32 buffers the adapter hands it, rounded once
 to q's dtype.  The adapter quantizes dout, q, k, v as the forward does (zero head-dim padding
 first: it changes no amax).  Declared: P and dS rounded to the arch's E4M3 with that dynamic
-block scale (``attention_dynamic_block_scale``, ``amax_floor`` 1e-9).  Refused under the
+block scale (``attention_dynamic_block_scale``, ``amax_floor`` 1e-9), and on NVIDIA the
+FP8 MMA's accumulator (u = 2^-13, measured: qgemm.py).  Refused under the
 interpreter: the same fp32 -> fp8 ``.to()`` of P^T and dS^T.  Contract: ``BWD_FP8``.
 
 Numerics (declared per case): fp32 scores, online softmax over key blocks of the config's
@@ -78,6 +79,7 @@ from tealite.backends.aiter_triton import (BACKEND, DEVICES, INTERPRET, PLATFORM
                                            fp8_platform_reason, kernels, why_missing)
 from tealite.backends.aiter_triton.gemm import TENSOR_CORE_U
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason
+from tealite.backends.aiter_triton.qgemm import _FP8_MMA_U as FP8_MMA_U
 from tealite.errors import UnsupportedCase
 from tealite.types import Op
 
@@ -244,6 +246,10 @@ def _numerics(backward: bool):
             out["attention_kv_block"] = _config_block_n(dtype)
         if nvidia and dtype == torch.float32 and not fp8:
             out["matmul_input_rounding"] = "tf32"
+        elif nvidia and fp8 and backward:
+            # Every FP8 tl.dot is one Hopper FP8 MMA chain (<= a block or the head dim), its
+            # result descaled before the fp32 add across blocks: 2^-13 bounds both (qgemm.py).
+            out["accumulator_unit_roundoff"] = FP8_MMA_U
         elif nvidia:
             out["accumulator_unit_roundoff"] = TENSOR_CORE_U
         return out
