@@ -39,10 +39,13 @@ A query row that sees no key (fully masked, padding, window past the keys, all-`
 bias) has ``out = 0`` and ``lse = -inf`` (the logsumexp of an empty set), and its dQ row is
 0; keys no query sees get dK = dV = 0.
 
-FP8 (``recipe``, forward only): q, k and v are each quantized with the recipe (a per-tensor
-FP8 current-scaling recipe, TE's rule: scale = fmax / amax, codes = RNE(x * scale)) and the
+FP8 (``recipe``): q, k and v are each quantized with the recipe (a per-tensor FP8
+current-scaling recipe, TE's rule: scale = fmax / amax, codes = RNE(x * scale)) and the
 attention above is computed on their dequantized values (codes * scale_inv); a backend may
-round more on the way (P quantized too: its declared numerics say so).
+round more on the way (P quantized too: its declared numerics say so).  The backward with a
+recipe quantizes dout the same way too (q, k, v, dout each as a whole) and returns the
+gradients below of the dequantized values; ``out`` and ``lse`` are taken as given (out in
+q's dtype, not quantized), and a backend may round P and dS to FP8 on the way (declared).
 
 Outputs: ``out`` in q's layout with d_v and q's dtype; ``lse`` float32 of shape
 (b, h_q, s_q) for bshd/sbhd and (h_q, t_q) for thd.  Backward takes dout (out's shape and
@@ -101,7 +104,7 @@ class AttentionConfig:
     cu_seqlens_kv: torch.Tensor | None = None
     cu_seqlens_q_padded: torch.Tensor | None = None  # int32 (b + 1,): padded thd offsets
     cu_seqlens_kv_padded: torch.Tensor | None = None
-    recipe: "Recipe | None" = None              # FP8 attention: q, k, v quantized with it
+    recipe: "Recipe | None" = None              # FP8 attention: q, k, v (, dout) quantized
 
     @property
     def causal(self) -> bool:

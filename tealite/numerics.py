@@ -98,6 +98,11 @@ class Numerics:
     attention_p_rounded_to: torch.dtype | None = None
     # dS is rounded to this dtype before the dQ / dK products (flash backward kernels).
     attention_ds_rounded_to: torch.dtype | None = None
+    # P and dS are multiplied by a dynamic per-block scale fmax / max(|block|, amax_floor)
+    # before their rounding to attention_p_rounded_to / attention_ds_rounded_to (an FP8
+    # dtype), the product descaled after (AITER's FP8 backward): the rounding's relative
+    # error is the format's, its absolute (subnormal) error scales with the block's amax.
+    attention_dynamic_block_scale: bool = False
     # the forward softmax is computed online over key blocks of this size (running max and
     # sum, the partial output rescaled per block: FlashAttention); None: one pass per row.
     attention_kv_block: int | None = None

@@ -54,6 +54,7 @@ class Op(str, enum.Enum):
     # FP8 attention (a recipe given): its own op, so a backend takes part only by implementing
     # it; one that implements plain attention never sees a recipe it would ignore.
     ATTENTION_FWD_FP8 = "attention_fwd_fp8"
+    ATTENTION_BWD_FP8 = "attention_bwd_fp8"
     ROPE_FWD = "rope_fwd"
     ROPE_BWD = "rope_bwd"
     # MoE (contract: tealite/moe_types.py).

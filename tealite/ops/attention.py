@@ -222,14 +222,17 @@ def attention_bwd(dout, q, k, v, out, lse, *, layout: str = "bshd", mask: str = 
                   window: tuple[int, int] = (-1, -1), softmax_scale: float | None = None,
                   bias=None, alibi_slopes=None, seqlens_q=None, seqlens_kv=None,
                   cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
-                  cu_seqlens_kv_padded=None, backend: str | None = None) -> AttentionBwd:
-    """dq, dk, dv of attention_fwd given dout and the forward's out and lse."""
+                  cu_seqlens_kv_padded=None, recipe=None,
+                  backend: str | None = None) -> AttentionBwd:
+    """dq, dk, dv of attention_fwd given dout and the forward's out and lse; with an FP8
+    ``recipe`` (the forward's), of q, k, v and dout quantized with it (out, lse as given)."""
     check_tensor("q", q)
     config, params = make_config(
         q, k, v, layout=layout, mask=mask, window=window, softmax_scale=softmax_scale,
         bias=bias, alibi_slopes=alibi_slopes, seqlens_q=seqlens_q, seqlens_kv=seqlens_kv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
-        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded)
+        cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        recipe=recipe)
     out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     for name, t in (("dout", dout), ("out", out)):
         check_tensor(name, t, dtypes=(q.dtype,))
@@ -238,7 +241,8 @@ def attention_bwd(dout, q, k, v, out, lse, *, layout: str = "bshd", mask: str = 
     check_shape("lse", lse, _lse_shape(q, layout), "float32 (b, h_q, s_q), or (h_q, t_q) "
                                                    "for thd")
     check_same_device(q=q, dout=dout, out=out, lse=lse)
-    impl = registry.dispatch(Op.ATTENTION_BWD, params, backend)
+    op = Op.ATTENTION_BWD if recipe is None else Op.ATTENTION_BWD_FP8
+    impl = registry.dispatch(op, params, backend)
     return AttentionBwd(*impl.fn(dout, q, k, v, out, lse, config))
 
 

@@ -127,12 +127,17 @@ def _f64(t):
     return t.detach().to("cpu", torch.float64).numpy() if t is not None else None
 
 
-def _backward_inputs(case, device):
-    """dout, plus out / lse of the reference forward rounded as a backend would return them."""
+def _backward_inputs(case, device, operands=None):
+    """dout, plus out / lse of the reference forward rounded as a backend would return them;
+    ``operands`` maps the float64 q, k, v first (the FP8 recipe: their dequantized values,
+    which that recipe's forward would have attended over)."""
     x = _forward_inputs(case, device)
+    q, k, v = (_f64(x[n]) for n in ("q", "k", "v"))
+    if operands is not None:
+        q, k, v = (operands(t) for t in (q, k, v))
     # On a GPU case the float64 forward runs there (references._device): numpy in and out.
     with reference_device.reference_device(reference_device.for_case(device)):
-        out, lse = ref.attention_fwd(_f64(x["q"]), _f64(x["k"]), _f64(x["v"]), structure(case),
+        out, lse = ref.attention_fwd(q, k, v, structure(case),
                                      bias=_f64(x.get("bias")),
                                      alibi=_f64(x.get("alibi_slopes")))
     dt = dtype_of(case["dtype"])
@@ -201,7 +206,8 @@ def fwd_reference(x, case):
             for i, (name, value, out_dt) in enumerate((("out", out, dt), ("lse", lse, F32)))}
 
 
-def bwd_reference(x, case):
+def bwd_reference(x, case, fp8_operands: bool = False):
+    """``fp8_operands``: x's dout, q, k, v are dequantized FP8 codes (tiers/attention.py)."""
     st = structure(case)
     kw = dict(bias=x.get("bias"), alibi=_slopes(x))
     grads = ref.attention_bwd(x["dout"], x["q"], x["k"], x["v"], st, **kw)
@@ -211,7 +217,8 @@ def bwd_reference(x, case):
     def bounds(numerics, p_case=None):
         acc = tier.gamma if p_case is None else _prob_gamma(p_case, _events(x, case))
         return tier.backward_tolerances(x["dout"], x["q"], x["k"], x["v"], x["out"], x["lse"],
-                                        st, numerics, grads, dt, accumulation_gamma=acc, **kw)
+                                        st, numerics, grads, dt, accumulation_gamma=acc,
+                                        fp8_operands=fp8_operands, **kw)
 
     baseline = functools.cache(lambda: same_precision_bwd(x, case))
     return {name: Expected(value, dt, Tier.ATTENTION, lambda n, i=i: bounds(n)[i],

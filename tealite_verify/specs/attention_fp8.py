@@ -19,9 +19,17 @@ deterministic and its reference bit-exact, the only error left is the attention'
 tier as unquantized attention, and a wrong scale or descale changes the dequantized inputs
 themselves, which no bound absorbs (tests/test_aiter_attention.py seeds both).
 
-Cases are the attention strategy's (strategies/attention.py), forward only, with the recipe
-added.  The front-end dispatches a recipe case to its own registry op, ``attention_fwd_fp8``
-(this spec's name): only a backend that implements it takes part.
+Cases are the attention strategy's (strategies/attention.py) with the recipe added.  The
+front-end dispatches a recipe case to its own registry op, ``attention_fwd_fp8`` (this spec's
+name): only a backend that implements it takes part.
+
+The backward, ``attention_bwd(..., recipe=)`` (spec ``attention_bwd_fp8``), the same way:
+dout, q, k, v quantized per tensor; the reference is the float64 backward of their
+dequantized values, handed ``out`` / ``lse`` of the reference forward of the dequantized
+q, k, v (rounded to q's dtype and fp32, what the recipe's forward would hand over); the
+bound is the attention tier's backward with ``fp8_operands`` (tiers/attention.py, "FP8":
+the operands' descales, and P / dS rounded to FP8 with a dynamic per-block scale where the
+backend declares it).
 """
 from __future__ import annotations
 
@@ -74,6 +82,32 @@ def reference(x, case):
     return att.fwd_reference(xq, case)
 
 
+BWD_NAME = "attention_bwd_fp8"
+
+
+def bwd_cases(dtype=None, size="ci"):
+    return attention_cases(dtype, size, bwd=True).filter(
+        lambda c: c["dtype"] in _FLOATS).map(lambda c: dict(c, recipe=RECIPE.to_json()))
+
+
+def _backward_inputs(case, device):
+    recipe = recipe_of(case)
+    return att._backward_inputs(case, device, operands=lambda t: dequantized(t, recipe))
+
+
+def bwd_call(inputs, case, backend):
+    kw = att._keywords(inputs, case, backend)
+    return tealite.attention_bwd(inputs["dout"], inputs["q"], inputs["k"], inputs["v"],
+                                 inputs["out"], inputs["lse"], recipe=recipe_of(case),
+                                 **kw)._asdict()
+
+
+def bwd_reference(x, case):
+    recipe = recipe_of(case)
+    xq = dict(x, **{n: dequantized(np.asarray(x[n]), recipe) for n in ("dout", "q", "k", "v")})
+    return att.bwd_reference(xq, case, fp8_operands=True)
+
+
 _SMOKE = (
     make_case(),
     make_case("sbhd", "causal_bottom_right", "float16", sq=7, sk=19, heads_kv=1, d_v=16),
@@ -85,6 +119,10 @@ register(OpSpec(
     name=NAME, family="attention", make_inputs=att._forward_inputs, call=call,
     reference=reference, cases=cases, smoke_cases=_SMOKE,
     coverage=att.COVERAGE))  # the attention strategy's cells: every layout x mask, the biases
+register(OpSpec(
+    name=BWD_NAME, family="attention", make_inputs=_backward_inputs, call=bwd_call,
+    reference=bwd_reference, cases=bwd_cases, smoke_cases=_SMOKE, coverage=att.COVERAGE))
 
-__all__ = ["NAME", "RECIPE", "cases", "dequantized", "make_case", "recipe_of"]
+__all__ = ["BWD_NAME", "NAME", "RECIPE", "bwd_cases", "cases", "dequantized", "make_case",
+           "recipe_of"]
 

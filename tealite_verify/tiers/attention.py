@@ -59,6 +59,28 @@ GQA: a backend that rounds each query head's dK / dV to ``partial_sums_rounded_t
 summing the group (FlashAttention-2) adds g (u_part |magnitude| + half a subnormal step) to
 dK and dV, g the group size: g partial roundings and the additions.
 
+FP8 (the recipe's backward, spec ``attention_bwd_fp8``)
+------------------------------------------------------
+The reference is taken of the dequantized dout, q, k, v (codes * scale_inv, exact in
+float64), so the operands' own quantization costs nothing here: a wrong scale or descale
+changes those values, which no bound absorbs.  What a backend adds (``fp8_operands``):
+1. Descales.  Every product's operands are dequantized FP8 codes.  A backend either rounds
+   each dequantized operand to fp32 (the torch emulation: u per operand) or multiplies the
+   fp32 sum of code products by the two descales (AITER: two roundings), and a re-quantized
+   P / dS operand carries its scale and descale, each rounded in fp32 (their product is
+   1 +- 2u): at most 4u per product, relative to |a||b|, added to every reduction's
+   relative bound (the scores, dP and D, dQ, dK, dV).
+2. P^T and dS^T rounded to FP8 (``attention_p_rounded_to`` / ``attention_ds_rounded_to``,
+   u_fp8 = 2^-4 for E4M3) as in the bf16 backward above: u_fp8 relatively per element above
+   the format's subnormal range, plus half a subnormal step absolutely.  With
+   ``attention_dynamic_block_scale`` (AITER: x * fmax / max(|block|, amax_floor) rounded,
+   the product * max(|block|, amax_floor) / fmax after) the relative term is unchanged and
+   the absolute one is scaled back by the block's descale, max(amax, floor) / fmax.  The
+   block amax is bounded without knowing the kernel's blocks: P <= 1, and
+   |dS_ij| = P_ij |dP_ij - D_i| <= ||dout_i|| (||v_j|| + ||out_i||) (Cauchy-Schwarz), the
+   largest over the whole case; both doubled (the computed P and dS carry their own errors,
+   which the bounds above keep far below the values).
+
 Tensor cores (the declarations tiers/gemm.py reads too): ``accumulator_unit_roundoff``
 replaces u in every matmul reduction's gamma (QK^T, PV and the row sum, dP, dQ, dK, dV), and
 ``matmul_input_rounding = "tf32"`` adds 2 u_tf32 to each of those relative bounds (both
@@ -73,6 +95,7 @@ case runs on the GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -104,6 +127,7 @@ class Rounding:
     eta_ds: float = 0.0  # absolute error of a dS rounded into its format's subnormals
     u_acc: float = 0.0   # the matmuls' accumulator (declared accumulator_unit_roundoff, else u)
     u_in: float = 0.0    # each matmul operand rounded first (matmul_input_rounding "tf32")
+    u_op: float = 0.0    # FP8 operands' descales per product (module doc, "FP8")
 
     @classmethod
     def of(cls, numerics: Numerics) -> "Rounding":
@@ -127,7 +151,7 @@ class Rounding:
     def dot(self, n: int, acc_gamma) -> float:
         """Relative bound of one n-term matmul reduction: accumulation plus both operands'
         input rounding (the 2 u_in of a product of two rounded operands)."""
-        return acc_gamma(n, self.u_acc) + 2 * self.u_in
+        return acc_gamma(n, self.u_acc) + 2 * self.u_in + self.u_op
 
     def blocks(self, lk: int) -> int:
         return 0 if not self.kv_block else math.ceil(lk / self.kv_block) + 1
@@ -185,13 +209,41 @@ def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype
     return tol_out, tol_lse
 
 
+def _row_norm_max(t) -> float:
+    """max over rows of the Euclidean norm over the last dim (0 for an empty tensor)."""
+    return float((t * t).sum(-1).max()) ** 0.5 if math.prod(t.shape) else 0.0
+
+
+def _half_subnormal(dt, amax: float, floor: float) -> float:
+    """Half a subnormal step of FP8 ``dt`` scaled back by a dynamic block descale."""
+    return 0.5 * float(ulp(dt, 0.0)) * max(amax, floor) / float(torch.finfo(dt).max)
+
+
+def fp8_rounding(r: Rounding, numerics: Numerics, dout, v, out_given) -> Rounding:
+    """``r`` for the FP8 recipe's backward (module doc, "FP8"): 4u per product for the
+    operands' descales; P's and dS's absolute terms scaled back by their block descale where
+    the backend declares a dynamic per-block scale."""
+    r = dataclasses.replace(r, u_op=4 * r.u)
+    p_dt, ds_dt = numerics.attention_p_rounded_to, numerics.attention_ds_rounded_to
+    if not numerics.attention_dynamic_block_scale:
+        return r
+    floor = numerics.amax_floor or 0.0
+    ds_amax = 2 * _row_norm_max(dout) * (_row_norm_max(v) + _row_norm_max(out_given))
+    return dataclasses.replace(
+        r, eta_p=r.eta + (0.0 if p_dt is None else _half_subnormal(p_dt, 2.0, floor)),
+        eta_ds=0.0 if ds_dt is None else _half_subnormal(ds_dt, ds_amax, floor))
+
+
 def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
                         numerics: Numerics, exact, dtype, *, bias=None, alibi=None,
-                        accumulation_gamma=gamma):
+                        accumulation_gamma=gamma, fp8_operands: bool = False):
     """(tol of dq, dk, dv) for a backend declaring ``numerics``, handed ``out_given`` and
     ``lse_given`` (their deviations from the exact forward are propagated); ``exact``: the
-    reference's (dq, dk, dv), whose dtype-rounding the bounds include (q's dtype)."""
+    reference's (dq, dk, dv), whose dtype-rounding the bounds include (q's dtype).
+    ``fp8_operands``: dout, q, k, v are dequantized FP8 codes (the recipe's backward)."""
     r = Rounding.of(numerics)
+    if fp8_operands:
+        r = fp8_rounding(r, numerics, dout, v, out_given)
     ops = ref.ops_of(q)
     xp = ops.xp
     e_q, e_k, e_v = ops.zeros(q.shape), ops.zeros(k.shape), ops.zeros(v.shape)

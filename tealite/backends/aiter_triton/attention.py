@@ -49,6 +49,18 @@ P rounded to that E4M3 (its dynamic per-block scale only shrinks the underflow t
 allows).  Refused under the interpreter: its fp32 -> fp8 cast of P is wrong
 (:data:`~tealite.backends.aiter_triton.INTERPRETER_FP8_CAST`).
 
+FP8 backward (``recipe``): ``flash_attn_onekernel_backward`` with float8 dout / q / k / v and
+descales of shape (b, h) (no public wrapper of 0.1.7 passes them): scores ``qk * descale_q
+* descale_k``, dP ``do v^T * descale_do * descale_v``, delta ``rowsum(o * do * descale_do)``
+(o not FP8: the caller's, in q's dtype), and P^T and dS^T re-quantized to FP8 per block with
+the dynamic scale ``FP8_MAX / max(|block|, 1e-9)`` before the dV / dK / dQ products, each
+descaled after; dq / dk / dv written to the fp32 buffers the adapter hands it, rounded once
+to q's dtype.  The adapter quantizes dout, q, k, v as the forward does (zero head-dim padding
+first: it changes no amax).  Declared: P and dS rounded to the arch's E4M3 with that dynamic
+block scale (``attention_dynamic_block_scale``, ``amax_floor`` 1e-9), and on NVIDIA the
+FP8 MMA's accumulator (u = 2^-13, measured: qgemm.py).  Refused under the
+interpreter: the same fp32 -> fp8 ``.to()`` of P^T and dS^T.  Contract: ``BWD_FP8``.
+
 Numerics (declared per case): fp32 scores, online softmax over key blocks of the config's
 ``BLOCK_N`` with ``tl.math.exp2`` of scores pre-multiplied by log2(e); P rounded to the
 input dtype before P @ V, and in the backward P and dS rounded to it before the dV / dK / dQ
@@ -67,6 +79,7 @@ from tealite.backends.aiter_triton import (BACKEND, DEVICES, INTERPRET, PLATFORM
                                            fp8_platform_reason, kernels, why_missing)
 from tealite.backends.aiter_triton.gemm import TENSOR_CORE_U
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason
+from tealite.backends.aiter_triton.qgemm import _FP8_MMA_U as FP8_MMA_U
 from tealite.errors import UnsupportedCase
 from tealite.types import Op
 
@@ -74,6 +87,9 @@ FWD_FP8 = "_flash_attn_forward"
 FWD = "flash_attn_func"
 FWD_VARLEN = "flash_attn_varlen_func"
 BWD = "flash_attn_onekernel_backward"
+# The same function driven with FP8 operands: its own contract (a key of the gate's table).
+BWD_FP8 = f"{BWD}[fp8]"
+_DS_AMAX_FLOOR = 1e-9  # _compute_fp8_scaling_factors: amax floored before FP8_MAX / amax
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _PAD = 8  # the autograd Functions pad head dims to a multiple of 8
 # exp2 of a pre-multiplied score: 1 ulp for the exp2 (numpy's in the interpreter; ex2.approx
@@ -106,7 +122,20 @@ declare(Contract(backend=NAME, entry_point=FWD_FP8, op=Op.ATTENTION_FWD, family=
                  extra={**_EXTRA, "p": "fp8, dynamic per-block scale"}))
 
 
-def _recipe_reason(p) -> str | None:
+declare(Contract(backend=NAME, entry_point=BWD_FP8, op=Op.ATTENTION_BWD_FP8,
+                 family="fp8-current", fp8="arch", scale_rule="fmax/amax",
+                 element_rounding="rne", saturation="saturate",
+                 layouts=("do/q/k/v:fp8 bshd|thd", "descale_q/do:(b,h_q)", "descale_k/v:(b,h_kv)",
+                          "o:q's dtype", "dq/dk/dv:fp32"),
+                 notes="dout/q/k/v quantized per tensor by the adapter (torch, the recipe's "
+                       "rule); P^T and dS^T re-quantized per block in-kernel (dynamic scale "
+                       "FP8_MAX/max(|block|, 1e-9)), descaled after each product",
+                 extra={**_EXTRA, "p": "fp8, dynamic per-block scale",
+                        "ds": "fp8, dynamic per-block scale",
+                        "head_dim": "a power of 2 after padding to 8 (0.1.7 bug)"}))
+
+
+def _recipe_reason(p, entry: str = FWD) -> str | None:
     r = p.get("recipe")
     if r is None:
         return None
@@ -117,7 +146,7 @@ def _recipe_reason(p) -> str | None:
                 "only (fmax / amax, saturating, no pow2 scales or epsilon)")
     if p["head_dim_qk"] != p["head_dim_v"]:
         return "AITER's Triton mha has no FP8 path with d_qk != d_v (it asserts)"
-    return fp8_platform_reason() or why_missing(FWD)
+    return fp8_platform_reason() or why_missing(entry)
 
 
 def _ceil_pad(d: int) -> int:
@@ -183,7 +212,7 @@ def _check_for(backward: bool):
         if why is not None:
             return why
         if p.get("recipe") is not None:
-            return _recipe_reason(p)
+            return _recipe_reason(p, BWD if backward else FWD)
         return why_missing(BWD) if backward else why_missing(FWD_VARLEN if p["layout"] == "thd"
                                                              else FWD)
     return check
@@ -204,15 +233,23 @@ def _numerics(backward: bool):
         nvidia = not INTERPRET and PLATFORM.get().nvidia
         entry = BWD if backward else (FWD_VARLEN if p["layout"] == "thd" else FWD)
         fp8 = p.get("recipe") is not None
-        out = {"compute_dtype": torch.float32, "entry_point": FWD_FP8 if fp8 else entry,
+        if fp8:
+            entry = BWD_FP8 if backward else FWD_FP8
+        out = {"compute_dtype": torch.float32, "entry_point": entry,
                "exp_ulps": _EXP_ULPS_INTERPRETER if INTERPRET else _EXP_ULPS_GPU,
                "attention_p_rounded_to": _fp8_dtype() if fp8 else dtype}
         if backward:
-            out["attention_ds_rounded_to"] = dtype
+            out["attention_ds_rounded_to"] = _fp8_dtype() if fp8 else dtype
+            if fp8:  # P^T and dS^T: FP8_MAX / max(|block|, 1e-9) in-kernel
+                out.update(attention_dynamic_block_scale=True, amax_floor=_DS_AMAX_FLOOR)
         else:
             out["attention_kv_block"] = _config_block_n(dtype)
         if nvidia and dtype == torch.float32 and not fp8:
             out["matmul_input_rounding"] = "tf32"
+        elif nvidia and fp8 and backward:
+            # Every FP8 tl.dot is one Hopper FP8 MMA chain (<= a block or the head dim), its
+            # result descaled before the fp32 add across blocks: 2^-13 bounds both (qgemm.py).
+            out["accumulator_unit_roundoff"] = FP8_MMA_U
         elif nvidia:
             out["accumulator_unit_roundoff"] = TENSOR_CORE_U
         return out
@@ -337,20 +374,51 @@ def _pad_head(t: torch.Tensor) -> torch.Tensor:
     return t if d % _PAD == 0 else F.pad(t, [0, _ceil_pad(d) - d])
 
 
+def _fp8_backward(dout, q, k, v, out, lse, config: AttentionConfig):
+    layout = config.layout
+    fp8 = kernels().fp8_dtype
+    batch, max_q, max_k, cu_q, cu_k, lse_k = _bwd_geometry(q, k, lse, config)
+    # Padded in q's dtype, then quantized (zeros change no amax); o stays in q's dtype.
+    do_, q_, k_, v_, o_ = (_pad_head(_bshd(t, layout)).contiguous()
+                           for t in (dout, q, k, v, out))
+    (do8, s_do), (q8, s_q), (k8, s_k), (v8, s_v) = (_quantize_per_tensor(t, fp8)
+                                                    for t in (do_, q_, k_, v_))
+    hq, hk = q.shape[-2], k.shape[-2]
+    descale = {f"descale_{n}": s.reshape(1, 1).expand(batch, h).contiguous()
+               for n, s, h in (("q", s_q, hq), ("k", s_k, hk), ("v", s_v, hk), ("do", s_do, hq))}
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+                  for t in (q_, k_, v_))
+    _kernels().flash_attn_onekernel_backward(
+        do8, q8, k8, v8, o_, lse_k, dq, dk, dv, None, config.softmax_scale,
+        _alibi(config, batch), config.causal, cu_q, cu_k, max_seqlen_q=max_q,
+        max_seqlen_k=max_k, dropout_p=0.0, USE_INT64_STRIDES=True, **descale)
+    # fp32 gradients: the contract's dtype, one rounding each
+    return tuple(_bshd(g[..., :t.shape[-1]], layout).to(t.dtype).contiguous()
+                 for g, t in ((dq, q), (dk, k), (dv, v)))
+
+
+def _bwd_geometry(q, k, lse, config: AttentionConfig):
+    """(batch, max_q, max_k, cu_q, cu_k, AITER's lse) of a backward call."""
+    layout = config.layout
+    if layout == "thd":
+        batch, max_q, max_k = _varlen(config)
+        # tealite's (h, t) -> AITER's (t, h)
+        return (batch, max_q, max_k, config.cu_seqlens_q, config.cu_seqlens_kv,
+                lse.t().contiguous())
+    qb, kb = _bshd(q, layout), _bshd(k, layout)
+    return qb.shape[0], qb.shape[1], kb.shape[1], None, None, lse.contiguous()
+
+
+@BACKEND.implements(Op.ATTENTION_BWD_FP8, dtypes=_FLOATS, devices=DEVICES,
+                    check=_check_for(True), numerics=_numerics(True))
 @BACKEND.implements(Op.ATTENTION_BWD, dtypes=_FLOATS, devices=DEVICES,
                     check=_check_for(True), numerics=_numerics(True))
 def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
+    if config.recipe is not None:
+        return _fp8_backward(dout, q, k, v, out, lse, config)
     layout = config.layout
     dqk, dv_ = q.shape[-1], v.shape[-1]
-    if layout == "thd":
-        batch, max_q, max_k = _varlen(config)
-        cu_q, cu_k = config.cu_seqlens_q, config.cu_seqlens_kv
-        lse_k = lse.t().contiguous()  # tealite's (h, t) -> AITER's (t, h)
-    else:
-        batch, max_q, max_k = (_bshd(q, layout).shape[0], _bshd(q, layout).shape[1],
-                               _bshd(k, layout).shape[1])
-        cu_q = cu_k = None
-        lse_k = lse.contiguous()
+    batch, max_q, max_k, cu_q, cu_k, lse_k = _bwd_geometry(q, k, lse, config)
     # The autograd Functions' step: head dims padded to a multiple of 8 (zeros change no dot).
     do_, q_, k_, v_, o_ = (_pad_head(_bshd(t, layout)) for t in (dout, q, k, v, out))
     dq, dk, dv = torch.zeros_like(q_), torch.empty_like(k_), torch.empty_like(v_)

@@ -161,8 +161,14 @@ def _softmax_pv(s, v):
     return o, m_safe + torch.log(row_sum)
 
 
+@BACKEND.implements(Op.ATTENTION_BWD_FP8, dtypes=_FLOATS, numerics=_NUMERICS)
 @BACKEND.implements(Op.ATTENTION_BWD, dtypes=_FLOATS, numerics=_NUMERICS)
 def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
+    if config.recipe is not None:  # FP8: the fp32 path on the dequantized dout, q, k, v (out
+        plain = dataclasses.replace(config, recipe=None)     # as given), each grad rounded once
+        deq = (fp8_dequantized(t, config.recipe) for t in (dout, q, k, v))
+        grads = attention_bwd(*deq, out.to(_F32), lse, plain)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
     hq, hk = q.shape[-2], k.shape[-2]
     group = hq // hk
     dq32 = torch.zeros(q.shape, dtype=_F32, device=q.device)
