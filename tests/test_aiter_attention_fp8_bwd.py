@@ -35,11 +35,11 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"aiter_triton: {REAS
 DEV = "cpu" if INTERPRET else "cuda"
 
 CASES = {
-    "bshd-fp32": fp8spec.make_case("bshd", "none", "float32", d_qk=16, d_v=16),
+    "bshd-fp32": fp8spec.make_case("bshd", "none", "float32", d_qk=32, d_v=32),
     "thd-fp16": fp8spec.make_case("thd", "padding", "float16", lens_q=[5, 0, 3],
-                                  lens_kv=[7, 2, 3], batch=3, d_qk=16, d_v=16),
+                                  lens_kv=[7, 2, 3], batch=3, d_qk=32, d_v=32),
     "bshd-causal-br-fp16": fp8spec.make_case("bshd", "causal_bottom_right", "float16", sq=9,
-                                             sk=13, d_qk=16, d_v=16),
+                                             sk=13, d_qk=32, d_v=32),
     "sbhd-mqa-alibi-fp32": fp8spec.make_case("sbhd", "causal", "float32", sq=6, sk=6,
                                              heads_kv=1, bias="alibi", d_qk=32, d_v=32),
 }
@@ -144,3 +144,20 @@ def test_compiled_on_nvidia_the_fp8_backward_declares_the_fp8_mma_accumulator(mo
             _FP8_MMA_U
     with aiter_triton.PLATFORM.override(nvidia=False):
         assert "accumulator_unit_roundoff" not in AA._numerics(True)(p)
+
+
+def test_compiled_on_nvidia_head_dims_below_32_are_refused(monkeypatch):
+    """Seen on an H100 (triton 3.6): AITER's FP8 backward fails to compile for head dim 16
+    (32 and 64 run and pass): refused with the reason there, not on ROCm or the forward."""
+    from tealite import recipes as R
+    p = dict(dtype=torch.float16, layout="bshd", recipe=R.Float8CurrentScaling(),
+             head_dim_qk=16, head_dim_v=16)
+    monkeypatch.setattr(AA, "INTERPRET", False)
+    with aiter_triton.PLATFORM.override(nvidia=True):
+        why = AA._recipe_reason(p, AA.BWD)
+        assert why is not None and "below 32" in why
+        assert "below 32" not in (AA._recipe_reason(dict(p, head_dim_qk=32, head_dim_v=32),
+                                                   AA.BWD) or "")
+        assert "below 32" not in (AA._recipe_reason(p, AA.FWD_FP8) or "")
+    with aiter_triton.PLATFORM.override(nvidia=False):
+        assert "below 32" not in (AA._recipe_reason(p, AA.BWD) or "")

@@ -146,6 +146,12 @@ def _recipe_reason(p, entry: str = FWD) -> str | None:
                 "only (fmax / amax, saturating, no pow2 scales or epsilon)")
     if p["head_dim_qk"] != p["head_dim_v"]:
         return "AITER's Triton mha has no FP8 path with d_qk != d_v (it asserts)"
+    if entry == BWD and not INTERPRET and PLATFORM.get().nvidia \
+            and _ceil_pad(p["head_dim_qk"]) < 32:
+        # Seen on an H100 (triton 3.6): the FP8 backward fails to compile for head dim 16
+        # (its FP8 tl.dot over the head dim; sm_90's FP8 MMA takes K >= 32), 32 and 64 run.
+        return (f"AITER's FP8 attention backward does not compile on NVIDIA for head dims "
+                f"below 32 (got {p['head_dim_qk']})")
     return fp8_platform_reason() or why_missing(entry)
 
 
