@@ -146,12 +146,18 @@ def _recipe_reason(p, entry: str = FWD) -> str | None:
                 "only (fmax / amax, saturating, no pow2 scales or epsilon)")
     if p["head_dim_qk"] != p["head_dim_v"]:
         return "AITER's Triton mha has no FP8 path with d_qk != d_v (it asserts)"
-    if entry == BWD and not INTERPRET and PLATFORM.get().nvidia \
-            and _ceil_pad(p["head_dim_qk"]) < 32:
-        # Seen on an H100 (triton 3.6): the FP8 backward fails to compile for head dim 16
-        # (its FP8 tl.dot over the head dim; sm_90's FP8 MMA takes K >= 32), 32 and 64 run.
-        return (f"AITER's FP8 attention backward does not compile on NVIDIA for head dims "
-                f"below 32 (got {p['head_dim_qk']})")
+    if not INTERPRET and PLATFORM.get().nvidia:
+        # Seen on an H100 (triton 3.6): AITER pads the head dim to a power of 2 >= 16, and its
+        # FP8 tl.dot over it fails to compile for 16 (forward: head dim 8; backward: 16);
+        # sm_90's FP8 MMA takes K = 32.  32 and 64 compile and pass.
+        if p["head_dim_qk"] <= 16:
+            return (f"AITER's FP8 attention does not compile on NVIDIA for head dims up to 16 "
+                    f"(an FP8 dot over the padded head dim; got {p['head_dim_qk']})")
+        # Same run: the causal backward fails to compile at every head dim tried (32, 60):
+        # its masked sub-blocks (BLOCK_M1 / BLK_SLICE_FACTOR rows) make an FP8 dot with K < 32.
+        if entry == BWD and "causal" in p["mask"]:
+            return ("AITER's FP8 attention backward with a causal mask does not compile on "
+                    "NVIDIA (its masked sub-blocks give an FP8 dot with K < 32)")
     return fp8_platform_reason() or why_missing(entry)
 
 
@@ -252,9 +258,10 @@ def _numerics(backward: bool):
             out["attention_kv_block"] = _config_block_n(dtype)
         if nvidia and dtype == torch.float32 and not fp8:
             out["matmul_input_rounding"] = "tf32"
-        elif nvidia and fp8 and backward:
-            # Every FP8 tl.dot is one Hopper FP8 MMA chain (<= a block or the head dim), its
-            # result descaled before the fp32 add across blocks: 2^-13 bounds both (qgemm.py).
+        elif nvidia and fp8:
+            # Every FP8 tl.dot (forward: Q K^T and P V; backward: its four products) is one
+            # Hopper FP8 MMA chain (<= a block or the head dim), its result descaled before the
+            # fp32 add across blocks: 2^-13 bounds both (qgemm.py).
             out["accumulator_unit_roundoff"] = FP8_MMA_U
         elif nvidia:
             out["accumulator_unit_roundoff"] = TENSOR_CORE_U
@@ -325,7 +332,12 @@ def _quantize_per_tensor(x: torch.Tensor, fp8) -> tuple[torch.Tensor, torch.Tens
     """(codes, descale) of the recipe's rule (see the module docstring), in torch."""
     fmax = torch.finfo(fp8).max
     amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
-    scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    scale = fmax / amax
+    # TE's rule: an infinite quotient (amax below fmax / FLT_MAX: subnormal inputs) becomes
+    # FLT_MAX, amax 0 or non-finite gives 1.  Without the first, an H100 fuzz found NaN dq /
+    # dk for a tiny dout (0 * inf in the codes) and a zero dv (descale 1 / inf).
+    scale = torch.where(torch.isinf(scale), torch.finfo(torch.float32).max, scale)
+    scale = torch.where((amax > 0) & torch.isfinite(amax), scale, torch.ones_like(amax))
     codes = (x.float() * scale).clamp(-fmax, fmax).to(fp8)
     return codes, torch.reciprocal(scale)
 
