@@ -14,25 +14,34 @@ leaves out[g] untouched, without ``accumulate`` it gets exact zeros.
 FP8 (per-tensor / per-row scales applied in the epilogue; 1x128 x 128x128 block scaling with
 each 128-long K block's partial multiplied by its two scales) runs the dense quantized
 kernel's K loop and epilogue (qgemm.py ``_blockwise_loop`` / ``_epilogue``) per tile, on split
-M; the K-split quantized wgrad (a different K per group, each with its own scale blocks) runs
-the dense quantized kernel once per group.
+M; MXFP8 / MXFP4 (E8M0 bytes per 32 along K: the weights' (G, N, K/32), the tokens' (M_total,
+K/32) rows, as tealite/ops/grouped_gemm.py hands each group's K-last scales over) runs the
+dense kernel's MX tile (qgemm.py ``_mx_tile``: the per-tile exactness check, then the scaled
+bf16 operand loop or the exact per-32-block fallback) on the group's pointers; the K-split
+quantized wgrad (a different K per group, each with its own scale blocks) runs the dense
+quantized kernel once per group.
 
 Numerics (the ``gemm`` tier's model, as the dense kernels declare): each tile is the dense
 kernel's tile (the same jit helpers: gemm.tile_pointers / tile_k_loop / epilogue_store, and
-qgemm's block loop and epilogue), exact products, fp32 accumulation over all of K (of the
+qgemm's block loop, MX tile and epilogue), exact products, fp32 accumulation over all of K (of the
 group's K rows for NT), one rounding to out_dtype; fp32 inputs use ``ieee`` dots (no TF32),
 as the dense kernel.  Where the grouped launch also uses the dense kernel's block sizes for
 every group, each output element is summed in exactly the dense kernel's order and
 ``grouped_matches_split`` is declared (bit-for-bit parity with a loop of ``triton`` gemm /
 qgemm calls): under the interpreter (one fixed config for both).  On a GPU the dense kernel
 picks its config per group size (and a TMA variant for large ones), so parity is declared
-bounded only.  MXFP8 / MXFP4 grouped qgemm is not implemented (refused with the reason).
+bounded only (MX's dense configs do not depend on the size, so its GPU parity may turn out
+exact: not declared until a GPU shows it).  MX declares the dense MX kernel's numerics: no
+operand term (scaled operands are exact), fp32 sums, 2^-23 for NVIDIA's bf16 tensor cores.
 
 Performance: the pointer-based tiled kernel of gemm.py (no TMA), persistent over the flat
 tile list; programs = a multiple of the SM count; configs from ``_CUDA`` / ``_HIP`` below
 (untimed: benchmarks/test_bench_grouped_gemm.py is where they are measured).  Not yet run on
 a GPU: the three kernels cross-compile with triton 3.9 for sm_90 (128x256x64 / 3 stages: 48 KB
-shared for split M, 128 KB for NT; FP8 block 128x128x128: 32 KB) and for gfx942.
+shared for split M, 128 KB for NT; FP8 block 128x128x128: 32 KB) and for gfx942.  The FP8
+block rows have since run on an H100 (docs/benchmarks.md); the MX split-M path has not (its
+cross-compile for sm_90 / gfx942 is tests/test_triton_grouped_qgemm_mx.py; the GPU commands
+to run are in docs/benchmarks.md, "MXFP8 / MXFP4 grouped qgemm").
 """
 from __future__ import annotations
 
