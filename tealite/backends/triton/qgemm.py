@@ -59,7 +59,7 @@ from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
     _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
-    _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair)
+    _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair, dot_fp8, typed_operands)
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
@@ -287,45 +287,6 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
                  A_PACKED, A_MAG, A_LO, A_HI, B_TYPED, B_EBITS, B_MBITS, B_BIAS, B_SPECIALS,
                  B_MIN_NORMAL, B_PACKED, B_MAG, B_LO, B_HI, HAS_BIAS, BIAS_BF16, OUT_BF16, I64,
                  EVEN_K, EVEN_SCALE_K, BLOCK_M, BLOCK_N, BLOCK_K)
-
-
-# ---- formats and targets ----------------------------------------------------------------------
-
-def _native_fp8_formats(device) -> frozenset:
-    """FP8 formats this device's tensor cores multiply natively (through Triton's fp8 types);
-    a simulated platform's (``PLATFORM.override(native_fp8_formats=...)``) for any device."""
-    simulated = PLATFORM.get().native_fp8_formats
-    if simulated is not None:
-        return simulated
-    if INTERPRET or torch.device(device).type != "cuda":
-        return frozenset()
-    if PLATFORM.get().rocm:
-        arch = torch.cuda.get_device_properties(device).gcnArchName
-        if arch.startswith("gfx942"):
-            return frozenset({"e4m3fnuz", "e5m2fnuz"})
-        if arch.startswith("gfx950"):
-            return frozenset({"e4m3", "e5m2"})
-        return frozenset()
-    if torch.cuda.get_device_capability(device) >= (8, 9):
-        return frozenset({"e4m3", "e5m2"})
-    return frozenset()
-
-
-def dot_fp8(fmt_a: str, fmt_b: str, device) -> bool:
-    """Whether the kernel multiplies these formats natively (else decodes both to bf16)."""
-    native = _native_fp8_formats(device)
-    return fmt_a in native and fmt_b in native
-
-
-def typed_operands(kind: str, fmt_a: str, fmt_b: str, device) -> tuple[bool, bool]:
-    """Whether A's / B's codes load as fp8-typed tiles.  MX converts each operand on its own
-    (to scaled bf16), so each may use the hardware's fp8 conversion; the FP8 kinds multiply fp8
-    tiles only when both formats are native."""
-    if kind != "mx":
-        native = dot_fp8(fmt_a, fmt_b, device)
-        return native, native
-    formats = _native_fp8_formats(device)
-    return fmt_a in formats, fmt_b in formats
 
 
 # ---- configs ----------------------------------------------------------------------------------
