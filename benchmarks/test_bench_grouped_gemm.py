@@ -6,7 +6,8 @@ split (8 groups x 2048 tokens, N = K = 4096) and a skewed one (the same total, g
 from 0 to 6144), each against the triton dense bf16 GEMM of (16384, 4096, 4096) (target
 85 %); the torch backend's loop of matmuls and AITER's Triton ``gmm`` on the same operands;
 grouped FP8 block scaling (1x128 activations, 128x128 weights) against the triton dense FP8
-block GEMM (target 85 %).  Every row first checks its output against a float32 product of the
+block GEMM (target 85 %), and grouped MXFP8 (E8M0 per 32 along K, both operands) against the
+triton dense MXFP8 GEMM (the same target; not yet run on a GPU).  Every row first checks its output against a float32 product of the
 same (dequantized) operands, as benchmarks/test_bench_gemm.py does.
 
 Operands are built so the grouped call copies nothing: the per-group activation blocks are
@@ -38,6 +39,7 @@ SHAPES = {
     "tiny": {"uniform": ((16, 16), 32, 128), "skewed": ((29, 0, 3), 32, 128)},
 }
 BLOCK_A, BLOCK_B = R.Float8BlockScaling(block=(128, 128)), R.Float8BlockScaling(block=(1, 128))
+MX = R.MXFP8BlockScaling()
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -59,7 +61,7 @@ class Problem:
     w: torch.Tensor   # (G, N, K) bf16: group g's weight, TN
     x: torch.Tensor   # (M_total, K) bf16: the tokens, group after group
     _ref: torch.Tensor | None = None
-    _q: tuple | None = None
+    _q: dict = dataclasses.field(default_factory=dict)
 
     @property
     def mnk(self) -> tuple[int, int, int]:
@@ -79,21 +81,24 @@ class Problem:
                                    for g in range(len(self.splits))])
         return self._ref
 
-    def quantized(self):
+    def quantized(self, recipe_a=BLOCK_A, recipe_b=BLOCK_B):
         """(per-group weight QuantizedTensors, per-group token QuantizedTensors, the dense
         pair, float32 reference): views of one quantization of the stacked operands (128x128
-        blocks never straddle two experts since N % 128 == 0; 1x128 blocks are per row)."""
-        if self._q is None:
+        blocks never straddle two experts since N % 128 == 0; 1x128 and MX blocks are per
+        row)."""
+        key = (recipe_a, recipe_b)
+        if key not in self._q:
             g_count, n, k = self.w.shape
-            xq = tealite.quantize(self.x, BLOCK_B)
-            if n % 128 == 0:
-                wq = tealite.quantize(self.w.reshape(g_count * n, k), BLOCK_A)
-                nb = n // 128
+            xq = tealite.quantize(self.x, recipe_b)
+            rows = recipe_a.block[0] if recipe_a.kind == "block" else 1
+            if n % rows == 0:
+                wq = tealite.quantize(self.w.reshape(g_count * n, k), recipe_a)
+                nb = n // rows
                 a = [dataclasses.replace(wq, shape=(n, k), data=wq.data[g * n:(g + 1) * n],
                                          scale_inv=wq.scale_inv[g * nb:(g + 1) * nb])
                      for g in range(g_count)]
             else:  # tiny shapes: blocks would straddle experts; one quantization each
-                a = [tealite.quantize(self.w[g], BLOCK_A) for g in range(g_count)]
+                a = [tealite.quantize(self.w[g], recipe_a) for g in range(g_count)]
             b = [dataclasses.replace(xq, shape=(s, k), data=xq.data[self.rows(g)],
                                      scale_inv=xq.scale_inv[self.rows(g)])
                  for g, s in enumerate(self.splits)]
@@ -103,8 +108,8 @@ class Problem:
             ref = torch.cat([deq(b[g]) @ deq(a[g]).t() for g in range(g_count)])
             # The dense GEMM of the same FLOPs: all tokens times expert 0's weight.
             dense_w = a[0]
-            self._q = (a, b, (dense_w, xq), ref)
-        return self._q
+            self._q[key] = (a, b, (dense_w, xq), ref)
+        return self._q[key]
 
 
 @pytest.fixture(scope="module", params=["uniform", "skewed"])
@@ -123,9 +128,10 @@ def _dense_baseline(baselines, p: Problem) -> dict:
                          p.flops)
 
 
-def _dense_q_baseline(baselines, p: Problem) -> dict:
-    _, _, (wq, xq), _ = p.quantized()
-    return baselines.get(f"triton qgemm fp8-block dense {p.mnk}",
+def _dense_q_baseline(baselines, p: Problem, recipes=(BLOCK_A, BLOCK_B),
+                      name="fp8-block") -> dict:
+    _, _, (wq, xq), _ = p.quantized(*recipes)
+    return baselines.get(f"triton qgemm {name} dense {p.mnk}",
                          lambda: tealite.qgemm(wq, xq, layout="TN", out_dtype=BF16,
                                                backend="triton"), p.flops)
 
@@ -169,3 +175,14 @@ def test_grouped_qgemm_block(bench, bench_config, baselines, problem):
               f"G={len(p.splits)}", backend="triton", shape=p.mnk, dtype=a[0].data.dtype,
               flops=p.flops, reference=_dense_q_baseline(baselines, p), target_pct=TARGET,
               check=_check(lambda: ref, True, bench_config.gpu))
+
+
+def test_grouped_qgemm_mxfp8(bench, bench_config, baselines, problem):
+    p = problem
+    a, b, _, ref = p.quantized(MX, MX)
+    bench.run(lambda: tealite.grouped_qgemm(a, b, p.splits, layout="TN", out_dtype=BF16,
+                                            backend="triton"),
+              group="grouped_gemm", kernel=f"grouped qgemm mxfp8 TN {_split_name(p)} "
+              f"G={len(p.splits)}", backend="triton", shape=p.mnk, dtype=a[0].data.dtype,
+              flops=p.flops, reference=_dense_q_baseline(baselines, p, (MX, MX), "mxfp8"),
+              target_pct=TARGET, check=_check(lambda: ref, True, bench_config.gpu))

@@ -2,9 +2,9 @@
 interpreter (CI) or on a GPU: every layout, empty / prime / lopsided splits, bias, accumulate
 (an empty group's -0 kept), shared weights, against the float64 reference and bit for bit
 against the split path (a loop of the triton dense gemm / qgemm) where declared; FP8
-per-tensor / per-row / block grouped qgemm; refusals with their reasons; and seeded kernel
-bugs (a wrong group offset, a tile crossing a group boundary) that the harness catches while
-the correct kernel passes the same case.  Shapes are tiny: M_total <= 64, N, K <= 64, block
+per-tensor / per-row / block grouped qgemm (MX: test_triton_grouped_qgemm_mx.py); and
+seeded kernel bugs (a wrong group offset, a tile crossing a group boundary) that the harness
+catches while the correct kernel passes the same case.  Shapes are tiny: M_total <= 64, N, K <= 64, block
 K = 128 or 256."""
 from __future__ import annotations
 
@@ -200,14 +200,6 @@ def test_grouped_qgemm_nt_runs_the_dense_kernel_per_group():
         dense = tealite.qgemm(a[g], b[g], layout="NT", out_dtype=torch.float32,
                               backend="triton").out
         assert torch.equal(out[g], dense)
-
-
-def test_mx_grouped_qgemm_is_refused_with_the_reason():
-    mx = R.MXFP8BlockScaling()
-    a = [tealite.quantize(_randn(32, 64), mx, backend="torch")]
-    b = [tealite.quantize(_randn(32, 64), mx, backend="torch")]
-    with pytest.raises(tealite.UnsupportedCase, match="MXFP8 / MXFP4 grouped qgemm"):
-        tealite.grouped_qgemm(a, b, [32], layout="TN", backend="triton")
 
 
 # ---- seeded kernel bugs ----------------------------------------------------------------------

@@ -45,7 +45,7 @@ class Platform:
 
     rocm: bool  # torch is a ROCm build (torch.version.hip): a "cuda" device is AMD's
     # The FP8 formats a CUDA device's tensor cores multiply natively; None: ask the device
-    # (qgemm._native_fp8_formats).
+    # (_qgemm_operands._native_fp8_formats).
     native_fp8_formats: frozenset[str] | None = None
     # The longest row one program holds in registers: longer rows take quantize's tiled
     # per-row path, and fused norm -> quantize rejects them.  A test lowers it to reach the

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._tiles import epilogue_store, grouped_pid, tile_k_loop, tile_pointers
-from tealite.backends.triton.qgemm import _blockwise_loop, _epilogue
+from tealite.backends.triton.qgemm import _blockwise_loop, _epilogue, _mx_tile
 
 
 @triton.jit
@@ -29,7 +29,8 @@ def _find_group(tiles_ptr, tile, g):
 @triton.jit
 def _group_tile(offs_ptr, tiles_ptr, tile, g, N, I64: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(rows, wrapped rows, row end, columns, wrapped columns) of ``tile`` inside group g."""
+    """(rows, wrapped rows, row end, columns, wrapped columns, first column) of ``tile``
+    inside group g."""
     row0 = tl.load(offs_ptr + g)
     m_g = tl.load(offs_ptr + g + 1) - row0
     pid_m, pid_n = grouped_pid(tile - tl.load(tiles_ptr + g), m_g, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -38,7 +39,7 @@ def _group_tile(offs_ptr, tiles_ptr, tile, g, N, I64: tl.constexpr, BLOCK_M: tl.
     if I64:
         row0 = row0.to(tl.int64)
         local = local.to(tl.int64)
-    return row0 + local, row0 + local % m_g, row0 + m_g, rn, rn % N
+    return row0 + local, row0 + local % m_g, row0 + m_g, rn, rn % N, pid_n * BLOCK_N
 
 
 @triton.jit
@@ -57,8 +58,8 @@ def grouped_m_kernel(x_ptr, y_ptr, d_ptr, bias_ptr, offs_ptr, tiles_ptr, N, K, s
     g = 0
     for tile in range(tl.program_id(0), num_tiles, programs):
         g = _find_group(tiles_ptr, tile, g)
-        rm, xm, m_end, rn, yn = _group_tile(offs_ptr, tiles_ptr, tile, g, N, I64, BLOCK_M,
-                                            BLOCK_N, GROUP_M)
+        rm, xm, m_end, rn, yn, _ = _group_tile(offs_ptr, tiles_ptr, tile, g, N, I64,
+                                               BLOCK_M, BLOCK_N, GROUP_M)
         gy = g.to(tl.int64) if I64 else g
         x_ptrs, x_step, y_ptrs, y_step = tile_pointers(
             x_ptr, y_ptr + gy * stride_yg, xm, yn, rk, stride_x, stride_y, X_K_CONTIG,
@@ -114,41 +115,56 @@ def grouped_k_kernel(x_ptr, y_ptr, d_ptr, offs_ptr, M, N, stride_x, stride_y, st
 
 @triton.jit
 def grouped_q_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, offs_ptr, tiles_ptr, N, K,
-                     num_tiles, stride_ag, stride_a, stride_b, stride_sag, stride_sa_row,
+                     KS, num_tiles, stride_ag, stride_a, stride_b, stride_sag, stride_sa_row,
                      stride_sa_k, stride_sbg, stride_sb_row, stride_sb_k, stride_bg, stride_om,
                      programs,
                      KIND: tl.constexpr, SCALE_K: tl.constexpr, SA_ROWS: tl.constexpr,
+                     E8M0_BIAS: tl.constexpr, EVEN_LOW: tl.constexpr,
                      DOT_FP8: tl.constexpr, F32_OPERANDS: tl.constexpr, A_TYPED: tl.constexpr,
                      A_EBITS: tl.constexpr, A_MBITS: tl.constexpr, A_BIAS: tl.constexpr,
                      A_SPECIALS: tl.constexpr, A_MIN_NORMAL: tl.constexpr,
-                     B_TYPED: tl.constexpr, B_EBITS: tl.constexpr, B_MBITS: tl.constexpr,
-                     B_BIAS: tl.constexpr, B_SPECIALS: tl.constexpr, B_MIN_NORMAL: tl.constexpr,
+                     A_PACKED: tl.constexpr, A_MAG: tl.constexpr, A_LO: tl.constexpr,
+                     A_HI: tl.constexpr, B_TYPED: tl.constexpr, B_EBITS: tl.constexpr,
+                     B_MBITS: tl.constexpr, B_BIAS: tl.constexpr, B_SPECIALS: tl.constexpr,
+                     B_MIN_NORMAL: tl.constexpr, B_PACKED: tl.constexpr, B_MAG: tl.constexpr,
+                     B_LO: tl.constexpr, B_HI: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BIAS_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
-                     I64: tl.constexpr, EVEN_K: tl.constexpr,
+                     I64: tl.constexpr, EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr):
-    """FP8 split-M (TN): out[rows_g] = B[rows_g] (m_g, K) @ A_g (N, K)^T with scales, K-last
-    codes; each tile runs the dense quantized kernel's K loop and epilogue (qgemm.py) on group
-    g's weight codes and scales (``stride_ag`` / ``stride_sag``) and its B scales
-    (``stride_sbg``: one per-tensor scale per group, or 0 for row / block scales)."""
+    """Quantized split-M (TN): out[rows_g] = B[rows_g] (m_g, K) @ A_g (N, K)^T with scales,
+    K-last codes; each tile is the dense quantized kernel's tile (qgemm.py: the FP8 / block K
+    loop and epilogue, or MX's ``_mx_tile``, fast path or exact fallback) on group g's weight
+    codes and scales (``stride_ag`` / ``stride_sag``) and its B scales (``stride_sbg``: one
+    per-tensor scale per group, or 0 for row / block / MX scales, which follow B's rows)."""
     g = 0
     for tile in range(tl.program_id(0), num_tiles, programs):
         g = _find_group(tiles_ptr, tile, g)
-        rm, bm, m_end, rn, an = _group_tile(offs_ptr, tiles_ptr, tile, g, N, I64, BLOCK_M,
-                                            BLOCK_N, GROUP_M)
+        rm, bm, m_end, rn, an, n0 = _group_tile(offs_ptr, tiles_ptr, tile, g, N, I64, BLOCK_M,
+                                                BLOCK_N, GROUP_M)
         gg = g.to(tl.int64) if I64 else g
         a_g = a_ptr + gg * stride_ag
         sa_g = sa_ptr + gg * stride_sag
         sb_g = sb_ptr + gg * stride_sbg
-        acc = _blockwise_loop(a_g, b_ptr, sa_g, sb_g, an, bm, K, stride_a, stride_b,
-                              stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
-                              KIND, SCALE_K, SA_ROWS, 127, True, DOT_FP8,
-                              F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS,
-                              A_MIN_NORMAL, False, B_TYPED, B_EBITS, B_MBITS, B_BIAS,
-                              B_SPECIALS, B_MIN_NORMAL, False, EVEN_K, BLOCK_M, BLOCK_N,
-                              BLOCK_K)
-        _epilogue(acc, sa_g, sb_g, bias_ptr + gg * stride_bg, out_ptr, rm, rn, bm, an, m_end, N,
-                  stride_sa_row, stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
+        if KIND == 2:
+            _mx_tile(a_g, b_ptr, sa_g, sb_g, bias_ptr + gg * stride_bg, out_ptr, rm, rn, bm, an,
+                     n0, m_end, N, K, KS, stride_a, stride_b, stride_sa_row, stride_sa_k,
+                     stride_sb_row, stride_sb_k, stride_om, SCALE_K, E8M0_BIAS, EVEN_LOW,
+                     F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS, A_MIN_NORMAL,
+                     A_PACKED, A_MAG, A_LO, A_HI, B_TYPED, B_EBITS, B_MBITS, B_BIAS, B_SPECIALS,
+                     B_MIN_NORMAL, B_PACKED, B_MAG, B_LO, B_HI, HAS_BIAS, BIAS_BF16, OUT_BF16,
+                     I64, EVEN_K, EVEN_SCALE_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            acc = _blockwise_loop(a_g, b_ptr, sa_g, sb_g, an, bm, K, stride_a, stride_b,
+                                  stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
+                                  KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW, DOT_FP8,
+                                  F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS,
+                                  A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS, B_MBITS, B_BIAS,
+                                  B_SPECIALS, B_MIN_NORMAL, B_PACKED, EVEN_K, BLOCK_M, BLOCK_N,
+                                  BLOCK_K)
+            _epilogue(acc, sa_g, sb_g, bias_ptr + gg * stride_bg, out_ptr, rm, rn, bm, an,
+                      m_end, N, stride_sa_row, stride_sb_row, stride_om, KIND, HAS_BIAS,
+                      BIAS_BF16, OUT_BF16)
 
 
 def tile_table(splits, block_m: int, n_tiles: int) -> list[int]:

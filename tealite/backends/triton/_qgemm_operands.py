@@ -1,12 +1,16 @@
 """Operand tiles of the quantized GEMM (qgemm.py): exact decoding of FP8 / E2M1 codes, MX
 operands scaled exactly by their E8M0 powers of two, the per-tile check that routes a tile to
-that fast path, and the fallback's exact scaling of a block's partial product.  See qgemm.py's
-docstring for the design; ``_fast_byte_range`` states the exactness condition."""
+that fast path, and the fallback's exact scaling of a block's partial product; host side, which
+formats load as fp8-typed tiles on the device (``dot_fp8`` / ``typed_operands``, shared by the
+dense and grouped launches).  See qgemm.py's docstring for the design; ``_fast_byte_range``
+states the exactness condition."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
+from tealite.backends.triton import INTERPRET, PLATFORM
 from tealite.formats import get_format
 
 # Code specials, per format family (see _decode_f32).
@@ -36,6 +40,45 @@ def _fast_byte_range(fmt_name: str, e8m0_bias: int) -> tuple[int, int]:
     smallest = 1 - c["BIAS"] - c["MBITS"]  # log2 of the smallest positive code
     largest = get_format(fmt_name).emax  # exponent of the largest finite code
     return e8m0_bias - 126 - smallest, e8m0_bias + 127 - largest
+
+
+# ---- which code tiles load fp8-typed (host side) ----------------------------------------------------------------------
+
+def _native_fp8_formats(device) -> frozenset:
+    """FP8 formats this device's tensor cores multiply natively (through Triton's fp8 types);
+    a simulated platform's (``PLATFORM.override(native_fp8_formats=...)``) for any device."""
+    simulated = PLATFORM.get().native_fp8_formats
+    if simulated is not None:
+        return simulated
+    if INTERPRET or torch.device(device).type != "cuda":
+        return frozenset()
+    if PLATFORM.get().rocm:
+        arch = torch.cuda.get_device_properties(device).gcnArchName
+        if arch.startswith("gfx942"):
+            return frozenset({"e4m3fnuz", "e5m2fnuz"})
+        if arch.startswith("gfx950"):
+            return frozenset({"e4m3", "e5m2"})
+        return frozenset()
+    if torch.cuda.get_device_capability(device) >= (8, 9):
+        return frozenset({"e4m3", "e5m2"})
+    return frozenset()
+
+
+def dot_fp8(fmt_a: str, fmt_b: str, device) -> bool:
+    """Whether the kernel multiplies these formats natively (else decodes both to bf16)."""
+    native = _native_fp8_formats(device)
+    return fmt_a in native and fmt_b in native
+
+
+def typed_operands(kind: str, fmt_a: str, fmt_b: str, device) -> tuple[bool, bool]:
+    """Whether A's / B's codes load as fp8-typed tiles.  MX converts each operand on its own
+    (to scaled bf16), so each may use the hardware's fp8 conversion; the FP8 kinds multiply fp8
+    tiles only when both formats are native."""
+    if kind != "mx":
+        native = dot_fp8(fmt_a, fmt_b, device)
+        return native, native
+    formats = _native_fp8_formats(device)
+    return fmt_a in formats, fmt_b in formats
 
 
 # ---- in-kernel codecs -------------------------------------------------------------------------

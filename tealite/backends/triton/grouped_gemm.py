@@ -14,25 +14,34 @@ leaves out[g] untouched, without ``accumulate`` it gets exact zeros.
 FP8 (per-tensor / per-row scales applied in the epilogue; 1x128 x 128x128 block scaling with
 each 128-long K block's partial multiplied by its two scales) runs the dense quantized
 kernel's K loop and epilogue (qgemm.py ``_blockwise_loop`` / ``_epilogue``) per tile, on split
-M; the K-split quantized wgrad (a different K per group, each with its own scale blocks) runs
-the dense quantized kernel once per group.
+M; MXFP8 / MXFP4 (E8M0 bytes per 32 along K: the weights' (G, N, K/32), the tokens' (M_total,
+K/32) rows, as tealite/ops/grouped_gemm.py hands each group's K-last scales over) runs the
+dense kernel's MX tile (qgemm.py ``_mx_tile``: the per-tile exactness check, then the scaled
+bf16 operand loop or the exact per-32-block fallback) on the group's pointers; the K-split
+quantized wgrad (a different K per group, each with its own scale blocks) runs the dense
+quantized kernel once per group.
 
 Numerics (the ``gemm`` tier's model, as the dense kernels declare): each tile is the dense
 kernel's tile (the same jit helpers: gemm.tile_pointers / tile_k_loop / epilogue_store, and
-qgemm's block loop and epilogue), exact products, fp32 accumulation over all of K (of the
+qgemm's block loop, MX tile and epilogue), exact products, fp32 accumulation over all of K (of the
 group's K rows for NT), one rounding to out_dtype; fp32 inputs use ``ieee`` dots (no TF32),
 as the dense kernel.  Where the grouped launch also uses the dense kernel's block sizes for
 every group, each output element is summed in exactly the dense kernel's order and
 ``grouped_matches_split`` is declared (bit-for-bit parity with a loop of ``triton`` gemm /
 qgemm calls): under the interpreter (one fixed config for both).  On a GPU the dense kernel
 picks its config per group size (and a TMA variant for large ones), so parity is declared
-bounded only.  MXFP8 / MXFP4 grouped qgemm is not implemented (refused with the reason).
+bounded only (MX's dense configs do not depend on the size, so its GPU parity may turn out
+exact: not declared until a GPU shows it).  MX declares the dense MX kernel's numerics: no
+operand term (scaled operands are exact), fp32 sums, 2^-23 for NVIDIA's bf16 tensor cores.
 
 Performance: the pointer-based tiled kernel of gemm.py (no TMA), persistent over the flat
 tile list; programs = a multiple of the SM count; configs from ``_CUDA`` / ``_HIP`` below
 (untimed: benchmarks/test_bench_grouped_gemm.py is where they are measured).  Not yet run on
 a GPU: the three kernels cross-compile with triton 3.9 for sm_90 (128x256x64 / 3 stages: 48 KB
-shared for split M, 128 KB for NT; FP8 block 128x128x128: 32 KB) and for gfx942.
+shared for split M, 128 KB for NT; FP8 block 128x128x128: 32 KB) and for gfx942.  The FP8
+block rows have since run on an H100 (docs/benchmarks.md); the MX split-M path has not (its
+cross-compile for sm_90 / gfx942 is tests/test_triton_grouped_qgemm_mx.py; the GPU commands
+to run are in docs/benchmarks.md, "MXFP8 / MXFP4 grouped qgemm").
 """
 from __future__ import annotations
 
@@ -57,6 +66,7 @@ from tealite.types import Op
 _C = dense.GemmConfig
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_MAX = 2**31 - 1
+_E8M0_BIAS = qdense._E8M0_BIAS  # OCP MX: scale = 2^(byte - 127)
 # NVIDIA / ROCm starting points (untimed; see the module docstring).  128-row tiles waste
 # little on MoE splits of a few hundred rows or more; fp32 takes the dense kernel's CUDA-core
 # tiles.
@@ -202,64 +212,76 @@ def _stacked(t: torch.Tensor, per_group_dims: int):
     return t, t.stride(0)
 
 
+def _weight_scales_operand(recipe, kind: str, a_scales: torch.Tensor, n: int, k: int):
+    """(scales as (G, ...), group stride, row stride, K stride, rows per scale row) of the
+    weight side: per tensor (G, 1), per row (G, N), 128x128 / 1x128 blocks (G, N/rows, K/128),
+    MX E8M0 bytes (G, N, K/32); one group's shape (no G) for a shared weight."""
+    sa, stride_g = _stacked(a_scales, {"fp8": 1}.get(kind, 2))
+    if kind == "fp8":
+        per_row = recipe.scale_granularity is Granularity.ROW
+        require(sa.shape[1] == (n if per_row else 1), f"a scales: {n if per_row else 1} per "
+                                                      f"group expected, got {tuple(sa.shape)}")
+        return sa, stride_g, (sa.stride(1) if per_row else 0), 0, 1
+    rows = recipe.block[0] if kind == "block" else 1
+    want = (triton.cdiv(n, rows), triton.cdiv(k, qdense._scale_k(kind)))
+    require(tuple(sa.shape[1:]) == want, f"a scales: {want} per group expected for "
+                                         f"{describe(recipe)}, got {tuple(sa.shape)}")
+    if kind == "mx" and sa.dtype != torch.uint8:
+        sa = sa.view(torch.uint8)  # E8M0 bytes
+    return sa, stride_g, sa.stride(1), sa.stride(2), rows
+
+
 def launch_q(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, splits, *, n, k,
              out_dtype, bias, config=None) -> torch.Tensor:
-    """FP8 split M: ``a_codes`` (G, N, K) K-last codes with scales (G,) per tensor, (G, N) per
-    row or (G, N/128, K/128) per block, or one group's shapes for a shared weight; ``b_codes``
-    (M_total, K) with per-group per-tensor scales (G,) or per-row / 1x128 block scales of the
-    M_total rows; ``bias`` (G, N)."""
+    """Quantized split M: ``a_codes`` (G, N, K) K-last codes (MXFP4: (G, N, K/2) packed bytes)
+    with scales (G,) per tensor, (G, N) per row, (G, N/128, K/128) per block or (G, N, K/32)
+    E8M0 bytes, or one group's shapes for a shared weight; ``b_codes`` (M_total, K) with
+    per-group per-tensor scales (G,) or the per-row / 1x128 block / MX scales of the M_total
+    rows; ``bias`` (G, N)."""
     kind = qgemm_kind(recipe_a)
-    require(kind in ("fp8", "block"), f"triton grouped qgemm takes FP8 per-tensor / per-row / "
-                                      f"block scaling, not {kind}")
     device = a_codes.device
     m_total = b_codes.shape[0]
     native = qdense.dot_fp8(recipe_a.fmt, recipe_b.fmt, device)
+    typed_a, typed_b = qdense.typed_operands(kind, recipe_a.fmt, recipe_b.fmt, device)
     out = torch.empty((m_total, n), dtype=out_dtype, device=device)
     a, stride_ag = _stacked(a_codes, 2)
-    require(tuple(a.shape[1:]) == (n, k), f"a codes: ({n}, {k}) per group expected, got "
-                                          f"{tuple(a.shape)}")
+    fmt_a = get_format(recipe_a.fmt)
+    k_stored = triton.cdiv(k, 2) if fmt_a.packed else k
+    require(tuple(a.shape[1:]) == (n, k_stored), f"a codes: ({n}, {k_stored}) per group "
+                                                 f"expected, got {tuple(a.shape)}")
     if a.stride(2) != 1:
         a = a.contiguous()
-    a = a.view(get_format(recipe_a.fmt).torch_dtype) if native else a.view(torch.uint8)
-    sa, stride_sag = _stacked(a_scales, {"fp8": 1, "block": 2}[kind])
-    sa_rows = 1
-    if kind == "block":
-        sa_rows = recipe_a.block[0]
-        want = (triton.cdiv(n, sa_rows), triton.cdiv(k, qdense._BLOCK_SCALE_K))
-        require(tuple(sa.shape[1:]) == want, f"a scales: {want} per group expected for "
-                                             f"{describe(recipe_a)}, got {tuple(sa.shape)}")
-        sa_row, sa_k = sa.stride(1), sa.stride(2)
-    else:
-        per_row = recipe_a.scale_granularity is Granularity.ROW
-        require(sa.shape[1] == (n if per_row else 1), f"a scales: {n if per_row else 1} per "
-                                                      f"group expected, got {tuple(sa.shape)}")
-        sa_row, sa_k = (sa.stride(1) if per_row else 0), 0
-    b = qdense._codes_operand(b_codes, recipe_b.fmt, m_total, k, native, "b")
+    a = a.view(fmt_a.torch_dtype) if typed_a else a.view(torch.uint8)
+    sa, stride_sag, sa_row, sa_k, sa_rows = _weight_scales_operand(recipe_a, kind, a_scales, n, k)
+    b = qdense._codes_operand(b_codes, recipe_b.fmt, m_total, k, typed_b, "b")
     per_group = qgemm_kind(recipe_b) == "fp8" and \
         recipe_b.scale_granularity is not Granularity.ROW
     sb, sb_g, sb_row, sb_k = _b_scales(recipe_b, b_scales, m_total, k, per_group)
     cfg = config or qdense.pick_config(kind, native, max(m_total, 1), n, device)
     block_k = min(cfg.block_k, qdense._BLOCK_SCALE_K) if kind == "block" else cfg.block_k
+    require(kind != "mx" or block_k % qdense._MX_SCALE_K == 0,
+            f"BLOCK_K {block_k} must be a multiple of the MX scale block {qdense._MX_SCALE_K}")
     tiles = tile_table(splits, cfg.block_m, triton.cdiv(n, cfg.block_n))
     if not tiles[-1] or n == 0:
         return out
     bias_c = bias.contiguous() if bias is not None else None
     grid = programs(tiles[-1], device)
-    consts = {**qdense._operand_constants("A", recipe_a.fmt),
-              **qdense._operand_constants("B", recipe_b.fmt)}
-    consts = {key: v for key, v in consts.items()
-              if key[2:] in ("EBITS", "MBITS", "BIAS", "SPECIALS", "MIN_NORMAL")}
     grouped_q_kernel[(grid,)](
         a, b, sa, sb, as_kernel_arg(bias_c) if bias_c is not None else out, as_kernel_arg(out),
-        _table(split_offsets(splits), device), _table(tiles, device), n, k, tiles[-1],
-        stride_ag, a.stride(1), b.stride(0), stride_sag, sa_row, sa_k, sb_g, sb_row, sb_k,
+        _table(split_offsets(splits), device), _table(tiles, device), n, k,
+        triton.cdiv(k, qdense._MX_SCALE_K), tiles[-1], stride_ag, a.stride(1), b.stride(0),
+        stride_sag, sa_row, sa_k, sb_g, sb_row, sb_k,
         bias_c.stride(0) if bias_c is not None else 0, out.stride(0), grid,
         KIND=qdense._KINDS[kind], SCALE_K=qdense._scale_k(kind) or 1, SA_ROWS=sa_rows,
-        DOT_FP8=native, F32_OPERANDS=INTERPRET, A_TYPED=native, B_TYPED=native,
-        HAS_BIAS=bias is not None, **consts,
+        E8M0_BIAS=_E8M0_BIAS, EVEN_LOW=qdense._E2M1_EVEN_IN_LOW_NIBBLE,
+        DOT_FP8=native and kind != "mx", F32_OPERANDS=INTERPRET, A_TYPED=typed_a,
+        B_TYPED=typed_b, HAS_BIAS=bias is not None,
+        **qdense._operand_constants("A", recipe_a.fmt),
+        **qdense._operand_constants("B", recipe_b.fmt),
         BIAS_BF16=bias is not None and bias.dtype == torch.bfloat16,
         OUT_BF16=out_dtype == torch.bfloat16,
         I64=max(_span(a), _span(b), _span(out)) + 256 > _INT32_MAX, EVEN_K=k % block_k == 0,
+        EVEN_SCALE_K=kind == "mx" and k % qdense._MX_SCALE_K == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
         **cfg.launch_options())
     return out
@@ -320,9 +342,8 @@ def grouped_gemm(a, b, splits, *, layout, out_dtype, bias, out, accumulate):
 
 
 def _why_not_q(params) -> str | None:
-    if qgemm_kind(params["recipe_a"]) == "mx":
-        return ("MXFP8 / MXFP4 grouped qgemm is not implemented in the triton backend (its "
-                "split path, the triton qgemm, covers MX)")
+    # The dense kernel's recipe rules (MX: E8M0 per 32 along K, MXFP8 and MXFP4) hold here too:
+    # every split-M tile is a dense tile, and NT runs the dense kernel per group.
     return qdense._why_not(params) or _why_not(params)
 
 

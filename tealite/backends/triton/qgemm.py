@@ -59,7 +59,7 @@ from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
     _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
-    _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair)
+    _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair, dot_fp8, typed_operands)
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
@@ -186,6 +186,60 @@ def _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stri
 
 
 @triton.jit
+def _mx_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, n0, M, N, K, KS,
+             stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
+             stride_om, SCALE_K: tl.constexpr, E8M0_BIAS: tl.constexpr, EVEN_LOW: tl.constexpr,
+             F32_OPERANDS: tl.constexpr, A_TYPED: tl.constexpr, A_EBITS: tl.constexpr,
+             A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_SPECIALS: tl.constexpr,
+             A_MIN_NORMAL: tl.constexpr, A_PACKED: tl.constexpr, A_MAG: tl.constexpr,
+             A_LO: tl.constexpr, A_HI: tl.constexpr, B_TYPED: tl.constexpr,
+             B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr,
+             B_SPECIALS: tl.constexpr, B_MIN_NORMAL: tl.constexpr, B_PACKED: tl.constexpr,
+             B_MAG: tl.constexpr, B_LO: tl.constexpr, B_HI: tl.constexpr,
+             HAS_BIAS: tl.constexpr, BIAS_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
+             I64: tl.constexpr, EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One MX output tile: rows ``rm`` (``bm`` their wrapped reads, ``rm < M`` stored) and
+    columns ``rn`` = ``n0`` + arange (``an`` wrapped), through the fast path or the exact
+    fallback (the module docstring).  Shared by the dense kernel and the grouped one
+    (_grouped_kernels.py), which passes one group's pointers and its row end as ``M``."""
+    KIND: tl.constexpr = 2
+    SA_ROWS: tl.constexpr = 1
+    if _mx_tile_is_fast(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, rn < N, rm < M, K, KS,
+                        stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
+                        stride_sb_k, SCALE_K, A_TYPED, A_PACKED, A_MAG, A_LO, A_HI, B_TYPED,
+                        B_PACKED, B_MAG, B_LO, B_HI, BLOCK_M, BLOCK_N, BLOCK_K):
+        acc = _mx_scaled_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, KS, stride_a, stride_b,
+                              stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k, SCALE_K,
+                              E8M0_BIAS, EVEN_LOW, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
+                              A_SPECIALS, A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS, B_MBITS,
+                              B_BIAS, B_SPECIALS, B_MIN_NORMAL, B_PACKED, F32_OPERANDS, EVEN_K,
+                              BLOCK_M, BLOCK_N, BLOCK_K)
+        _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
+                  stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
+    else:
+        # Exact fallback, one 32-long scale block per step.  It keeps a partial product beside
+        # the accumulator, so it covers the tile in two column halves: its registers then
+        # peak where the fast path's do (no spills leaking into the fast loop).
+        HALF: tl.constexpr = BLOCK_N // 2
+        for h in tl.static_range(2):
+            rn_h = n0 + h * HALF + tl.arange(0, HALF)
+            an_h = rn_h % N
+            if I64:
+                an_h = an_h.to(tl.int64)
+            acc_h = _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an_h, bm, K, stride_a,
+                                    stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
+                                    stride_sb_k, KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW,
+                                    False, F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
+                                    A_SPECIALS, A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS,
+                                    B_MBITS, B_BIAS, B_SPECIALS, B_MIN_NORMAL, B_PACKED,
+                                    EVEN_SCALE_K, BLOCK_M, HALF, SCALE_K)
+            _epilogue(acc_h, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn_h, bm, an_h, M, N,
+                      stride_sa_row, stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16,
+                      OUT_BF16)
+
+
+@triton.jit
 def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
                   stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
                   stride_om,
@@ -225,66 +279,14 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
                               BLOCK_K)
         _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
                   stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
-    elif _mx_tile_is_fast(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, rn < N, rm < M, K, KS,
-                          stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
-                          stride_sb_k, SCALE_K, A_TYPED, A_PACKED, A_MAG, A_LO, A_HI, B_TYPED,
-                          B_PACKED, B_MAG, B_LO, B_HI, BLOCK_M, BLOCK_N, BLOCK_K):
-        acc = _mx_scaled_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, KS, stride_a, stride_b,
-                              stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k, SCALE_K,
-                              E8M0_BIAS, EVEN_LOW, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
-                              A_SPECIALS, A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS, B_MBITS,
-                              B_BIAS, B_SPECIALS, B_MIN_NORMAL, B_PACKED, F32_OPERANDS, EVEN_K,
-                              BLOCK_M, BLOCK_N, BLOCK_K)
-        _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
-                  stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
     else:
-        # Exact fallback, one 32-long scale block per step.  It keeps a partial product beside
-        # the accumulator, so it covers the tile in two column halves: its registers then
-        # peak where the fast path's do (no spills leaking into the fast loop).
-        HALF: tl.constexpr = BLOCK_N // 2
-        for h in tl.static_range(2):
-            rn_h = pid_n * BLOCK_N + h * HALF + tl.arange(0, HALF)
-            an_h = rn_h % N
-            if I64:
-                an_h = an_h.to(tl.int64)
-            acc_h = _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an_h, bm, K, stride_a,
-                                    stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
-                                    stride_sb_k, KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW,
-                                    False, F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
-                                    A_SPECIALS, A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS,
-                                    B_MBITS, B_BIAS, B_SPECIALS, B_MIN_NORMAL, B_PACKED,
-                                    EVEN_SCALE_K, BLOCK_M, HALF, SCALE_K)
-            _epilogue(acc_h, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn_h, bm, an_h, M, N,
-                      stride_sa_row, stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16,
-                      OUT_BF16)
-
-
-# ---- formats and targets ----------------------------------------------------------------------
-
-def _native_fp8_formats(device) -> frozenset:
-    """FP8 formats this device's tensor cores multiply natively (through Triton's fp8 types);
-    a simulated platform's (``PLATFORM.override(native_fp8_formats=...)``) for any device."""
-    simulated = PLATFORM.get().native_fp8_formats
-    if simulated is not None:
-        return simulated
-    if INTERPRET or torch.device(device).type != "cuda":
-        return frozenset()
-    if PLATFORM.get().rocm:
-        arch = torch.cuda.get_device_properties(device).gcnArchName
-        if arch.startswith("gfx942"):
-            return frozenset({"e4m3fnuz", "e5m2fnuz"})
-        if arch.startswith("gfx950"):
-            return frozenset({"e4m3", "e5m2"})
-        return frozenset()
-    if torch.cuda.get_device_capability(device) >= (8, 9):
-        return frozenset({"e4m3", "e5m2"})
-    return frozenset()
-
-
-def dot_fp8(fmt_a: str, fmt_b: str, device) -> bool:
-    """Whether the kernel multiplies these formats natively (else decodes both to bf16)."""
-    native = _native_fp8_formats(device)
-    return fmt_a in native and fmt_b in native
+        _mx_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an,
+                 pid_n * BLOCK_N, M, N, K, KS, stride_a, stride_b, stride_sa_row, stride_sa_k,
+                 stride_sb_row, stride_sb_k, stride_om, SCALE_K, E8M0_BIAS, EVEN_LOW,
+                 F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS, A_MIN_NORMAL,
+                 A_PACKED, A_MAG, A_LO, A_HI, B_TYPED, B_EBITS, B_MBITS, B_BIAS, B_SPECIALS,
+                 B_MIN_NORMAL, B_PACKED, B_MAG, B_LO, B_HI, HAS_BIAS, BIAS_BF16, OUT_BF16, I64,
+                 EVEN_K, EVEN_SCALE_K, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 # ---- configs ----------------------------------------------------------------------------------
@@ -410,10 +412,7 @@ def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k,
     kind = qgemm_kind(recipe_a)
     device = a_codes.device
     native = dot_fp8(recipe_a.fmt, recipe_b.fmt, device)
-    # MX converts each operand on its own (to scaled bf16), so each may use the hardware's fp8
-    # conversion; the FP8 kinds multiply fp8 tiles only when both formats are native.
-    typed_a, typed_b = (native, native) if kind != "mx" else \
-        (recipe_a.fmt in _native_fp8_formats(device), recipe_b.fmt in _native_fp8_formats(device))
+    typed_a, typed_b = typed_operands(kind, recipe_a.fmt, recipe_b.fmt, device)
     a = _codes_operand(a_codes, recipe_a.fmt, n, k, typed_a, "a")
     b = _codes_operand(b_codes, recipe_b.fmt, m, k, typed_b, "b")
     sa, sa_row, sa_k, sa_rows = _scale_operand(recipe_a, a_scales, n, k, "a")
