@@ -49,38 +49,42 @@ def check_shape(name: str, t: torch.Tensor, expected: Iterable[int], why: str) -
             f"{name} must have shape {expected} ({why}), got {tuple(t.shape)}")
 
 
+# The checks below run on every op call: each builds its message only when it fails.
+
 def check_same_device(**tensors) -> torch.device:
-    present = {k: v for k, v in tensors.items() if v is not None}
-    devices = {k: v.device for k, v in present.items()}
+    devices = {k: v.device for k, v in tensors.items() if v is not None}
     first = next(iter(devices.values()))
-    mismatched = {k: str(d) for k, d in devices.items() if d != first}
-    require(not mismatched,
-            "all tensors must be on one device; got "
-            + ", ".join(f"{k} on {d}" for k, d in devices.items()))
+    if any(d != first for d in devices.values()):
+        raise TealiteArgumentError("all tensors must be on one device; got "
+                                   + ", ".join(f"{k} on {d}" for k, d in devices.items()))
     return first
 
 
 def check_dtype_in(name: str, dtype, allowed: Sequence[torch.dtype]) -> None:
+    if dtype in allowed:
+        return
     allowed_s = ", ".join(dtype_name(d) for d in allowed)
     got = dtype_name(dtype) if isinstance(dtype, torch.dtype) else \
         f"{dtype!r} ({type(dtype).__name__}, not a torch.dtype)"
-    require(dtype in allowed, f"{name} must be one of ({allowed_s}), got {got}")
+    raise TealiteArgumentError(f"{name} must be one of ({allowed_s}), got {got}")
 
 
 def check_choice(name: str, value, choices: Sequence) -> None:
-    require(value in choices, f"{name} must be one of {tuple(choices)}, got {value!r}")
+    if value not in choices:
+        raise TealiteArgumentError(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
 def check_finite_number(name: str, value, *, positive: bool = False) -> float:
-    require(isinstance(value, (int, float)) and not isinstance(value, bool),
-            f"{name} must be a Python float, got {type(value).__name__}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TealiteArgumentError(f"{name} must be a Python float, got {type(value).__name__}")
     try:
         value = float(value)
     except OverflowError:
         raise TealiteArgumentError(f"{name} must be finite, got an int too large for a float")
-    require(value == value and abs(value) != float("inf"), f"{name} must be finite, got {value}")
-    if positive:
-        require(value > 0, f"{name} must be > 0, got {value}")
+    if not (value == value and abs(value) != float("inf")):
+        raise TealiteArgumentError(f"{name} must be finite, got {value}")
+    if positive and not value > 0:
+        raise TealiteArgumentError(f"{name} must be > 0, got {value}")
     return value
 
 
