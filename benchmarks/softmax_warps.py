@@ -20,19 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tealite  # noqa: E402
 from benchmarks import _cases as C  # noqa: E402
+from benchmarks.test_bench_softmax import FWD_KINDS as KINDS, _inputs  # noqa: E402
 from tealite.backends.triton import softmax as TS  # noqa: E402
-
-KINDS = ("scaled", "scaled_masked", "scaled_upper_triang", "scaled_aligned_causal")
-
-
-def _inputs(kind, x):
-    if kind == "scaled_upper_triang":
-        return x.reshape(-1, *x.shape[-2:]), None
-    if kind == "scaled_masked":
-        sq, sk = x.shape[-2:]
-        keys = torch.arange(sk, device=x.device)
-        return x, (keys >= sk - sk // 8).expand(1, 1, sq, sk).contiguous()
-    return x, None
 
 
 def main() -> None:
