@@ -178,3 +178,24 @@ def test_the_host_quantizer_follows_te_for_tiny_and_zero_amax():
     assert torch.equal(codes.float(), (tiny * f32.max).to(torch.float8_e4m3fn).float())
     codes, descale = AA._quantize_per_tensor(torch.zeros(3), torch.float8_e4m3fn)
     assert float(descale) == 1.0 and not codes.float().any()
+
+
+def test_the_host_quantizer_is_tes_rule_bit_for_bit():
+    """Codes and descale of the adapter's host quantizer against the reference quantizer
+    (recipe_rules, TE's rule) on bf16 tensors of many magnitudes.  The first tensor is the
+    H100 finding: fl(448 / 92) * 17.25 is exactly 84, a tie that rounds to even (80); torch's
+    ``448.0 / tensor`` (a reciprocal, then a product) gave a scale one ulp high and 88."""
+    from tealite_verify import recipe_rules
+
+    rng = np.random.default_rng(0)
+    tensors = [torch.tensor([92.0, 17.25, -3.0], dtype=torch.bfloat16)]
+    for e in range(-40, 40, 3):
+        x = rng.standard_normal(97) * 2.0 ** e
+        x[rng.integers(97)] *= 2.0 ** rng.integers(0, 12)  # an outlier sets amax
+        tensors.append(torch.from_numpy(x).to(torch.bfloat16))
+    for t in tensors:
+        codes, descale = AA._quantize_per_tensor(t, torch.float8_e4m3fn)
+        want = recipe_rules.quantize(t.float().numpy().reshape(1, -1), fp8spec.RECIPE)
+        got_bits = codes.view(torch.uint8).numpy().reshape(1, -1)
+        assert np.array_equal(got_bits, np.asarray(want.bits).reshape(1, -1)), t
+        assert np.float32(descale) == np.asarray(want.scale_inv, np.float32).reshape(-1)[0], t

@@ -186,7 +186,8 @@ def _events(x, case) -> int:
     return int(np.prod(x["q"].shape)) * (max(case["sk"], case["sq"], 1) + 1)
 
 
-def fwd_reference(x, case):
+def fwd_reference(x, case, code_floors=None):
+    """``code_floors`` (tiers.attention.CodeFloors): x's q, k, v are dequantized FP8 codes."""
     st = structure(case)
     out, lse = ref.attention_fwd(x["q"], x["k"], x["v"], st, bias=x.get("bias"),
                                  alibi=_slopes(x))
@@ -197,7 +198,7 @@ def fwd_reference(x, case):
         acc = tier.gamma if p_case is None else _prob_gamma(p_case, _events(x, case))
         return tier.forward_tolerances(x["q"], x["k"], x["v"], st, numerics, dt,
                                        bias=x.get("bias"), alibi=_slopes(x),
-                                       accumulation_gamma=acc)
+                                       accumulation_gamma=acc, code_floors=code_floors)
 
     baseline = functools.cache(lambda: same_precision_fwd(x, case))
     return {name: Expected(value, out_dt, Tier.ATTENTION, lambda n, i=i: bounds(n)[i],
@@ -206,8 +207,9 @@ def fwd_reference(x, case):
             for i, (name, value, out_dt) in enumerate((("out", out, dt), ("lse", lse, F32)))}
 
 
-def bwd_reference(x, case, fp8_operands: bool = False):
-    """``fp8_operands``: x's dout, q, k, v are dequantized FP8 codes (tiers/attention.py)."""
+def bwd_reference(x, case, code_floors=None):
+    """``code_floors`` (tiers.attention.CodeFloors): x's dout, q, k, v are dequantized FP8
+    codes (tiers/attention.py, "FP8")."""
     st = structure(case)
     kw = dict(bias=x.get("bias"), alibi=_slopes(x))
     grads = ref.attention_bwd(x["dout"], x["q"], x["k"], x["v"], st, **kw)
@@ -218,7 +220,7 @@ def bwd_reference(x, case, fp8_operands: bool = False):
         acc = tier.gamma if p_case is None else _prob_gamma(p_case, _events(x, case))
         return tier.backward_tolerances(x["dout"], x["q"], x["k"], x["v"], x["out"], x["lse"],
                                         st, numerics, grads, dt, accumulation_gamma=acc,
-                                        fp8_operands=fp8_operands, **kw)
+                                        code_floors=code_floors, **kw)
 
     baseline = functools.cache(lambda: same_precision_bwd(x, case))
     return {name: Expected(value, dt, Tier.ATTENTION, lambda n, i=i: bounds(n)[i],

@@ -27,20 +27,24 @@ The backward, ``attention_bwd(..., recipe=)`` (spec ``attention_bwd_fp8``), the 
 dout, q, k, v quantized per tensor; the reference is the float64 backward of their
 dequantized values, handed ``out`` / ``lse`` of the reference forward of the dequantized
 q, k, v (rounded to q's dtype and fp32, what the recipe's forward would hand over); the
-bound is the attention tier's backward with ``fp8_operands`` (tiers/attention.py, "FP8":
-the operands' descales, and P / dS rounded to FP8 with a dynamic per-block scale where the
-backend declares it).
+bound is the attention tier's backward with ``code_floors`` (tiers/attention.py, "FP8":
+the operands' descales, P / dS rounded to FP8 with a dynamic per-block scale where the
+backend declares it, and subnormal codes lifted where its MMA aligns them).  The forward's
+bound takes the descales and the floors too.
 """
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 import tealite
 from tealite import recipes as R
+from tealite.formats import get_format
 from tealite_verify import recipe_rules
 from tealite_verify.specs import OpSpec, register
 from tealite_verify.specs import attention as att
 from tealite_verify.strategies.attention import cases as attention_cases
+from tealite_verify.tiers.attention import CodeFloors
 
 NAME = "attention_fwd_fp8"
 RECIPE = R.Float8CurrentScaling()
@@ -67,19 +71,36 @@ def call(inputs, case, backend):
                                  **kw)._asdict()
 
 
+def _quantized(x: np.ndarray, recipe):
+    x32 = np.asarray(x, np.float32).reshape(-1, x.shape[-1]) if x.size else \
+        np.zeros((0, max(x.shape[-1], 1)), np.float32)
+    return recipe_rules.quantize(x32, recipe)
+
+
 def dequantized(x: np.ndarray, recipe) -> np.ndarray:
     """float64 values of ``x`` quantized as a whole with ``recipe`` (the reference
     quantizer, bit-exact), in x's shape."""
-    x32 = np.asarray(x, np.float32).reshape(-1, x.shape[-1]) if x.size else \
-        np.zeros((0, max(x.shape[-1], 1)), np.float32)
-    q = recipe_rules.quantize(x32, recipe)
+    q = _quantized(x, recipe)
     return recipe_rules.dequantize(q.bits, q.scale_inv, recipe).reshape(x.shape)
 
 
+def code_floor(x: np.ndarray, recipe) -> float:
+    """Twice the code format's smallest normal, in x's dequantized units: what a subnormal
+    code of x counts as in Hopper's FP8 MMA (tiers/attention.py, CodeFloors)."""
+    scale_inv = float(np.asarray(_quantized(x, recipe).scale_inv).reshape(-1)[0])
+    return 2.0 * float(torch.finfo(get_format(recipe.fmt).torch_dtype).tiny) * scale_inv
+
+
+def _operands(x, recipe, names):
+    """(x with ``names`` dequantized, their CodeFloors)."""
+    arrays = {n: np.asarray(x[n]) for n in names}
+    floors = CodeFloors(**{n: code_floor(a, recipe) for n, a in arrays.items()})
+    return dict(x, **{n: dequantized(a, recipe) for n, a in arrays.items()}), floors
+
+
 def reference(x, case):
-    recipe = recipe_of(case)
-    xq = dict(x, **{n: dequantized(np.asarray(x[n]), recipe) for n in ("q", "k", "v")})
-    return att.fwd_reference(xq, case)
+    xq, floors = _operands(x, recipe_of(case), ("q", "k", "v"))
+    return att.fwd_reference(xq, case, code_floors=floors)
 
 
 BWD_NAME = "attention_bwd_fp8"
@@ -103,9 +124,8 @@ def bwd_call(inputs, case, backend):
 
 
 def bwd_reference(x, case):
-    recipe = recipe_of(case)
-    xq = dict(x, **{n: dequantized(np.asarray(x[n]), recipe) for n in ("dout", "q", "k", "v")})
-    return att.bwd_reference(xq, case, fp8_operands=True)
+    xq, floors = _operands(x, recipe_of(case), ("dout", "q", "k", "v"))
+    return att.bwd_reference(xq, case, code_floors=floors)
 
 
 _SMOKE = (

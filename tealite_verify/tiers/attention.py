@@ -59,11 +59,12 @@ GQA: a backend that rounds each query head's dK / dV to ``partial_sums_rounded_t
 summing the group (FlashAttention-2) adds g (u_part |magnitude| + half a subnormal step) to
 dK and dV, g the group size: g partial roundings and the additions.
 
-FP8 (the recipe's backward, spec ``attention_bwd_fp8``)
-------------------------------------------------------
-The reference is taken of the dequantized dout, q, k, v (codes * scale_inv, exact in
+FP8 (the recipe's forward and backward, specs ``attention_fwd_fp8`` / ``attention_bwd_fp8``)
+--------------------------------------------------------------------------------------------
+The reference is taken of the dequantized (dout,) q, k, v (codes * scale_inv, exact in
 float64), so the operands' own quantization costs nothing here: a wrong scale or descale
-changes those values, which no bound absorbs.  What a backend adds (``fp8_operands``):
+changes those values, which no bound absorbs.  What a backend adds (``code_floors`` given;
+the forward takes item 1 and the floors, its P term being the unscaled one above):
 1. Descales.  Every product's operands are dequantized FP8 codes.  A backend either rounds
    each dequantized operand to fp32 (the torch emulation: u per operand) or multiplies the
    fp32 sum of code products by the two descales (AITER: two roundings), and a re-quantized
@@ -87,6 +88,13 @@ replaces u in every matmul reduction's gamma (QK^T, PV and the row sum, dP, dQ, 
 operands of every product rounded to TF32 first: NVIDIA's default for fp32 ``tl.dot`` and
 cuBLAS; the scores' share enters the probabilities through A_ij above).
 
+Hopper's FP8 MMA aligns a product of a subnormal code as if the code had the format's
+smallest normal exponent (measured: tests/test_fp8_mma_accumulator.py), so a backend declaring
+``alignment_floor = FP8_CODE_ALIGNMENT`` has the magnitudes of its code-by-code products --
+|q||k|^T in the scores, |dout||v|^T in dP -- taken with every nonzero operand below twice the
+smallest normal code raised to it (``code_floors``: that value times the operand's descale, as
+the qgemm tier lifts codes).  P and dS carry their own absolute terms above.
+
 The comparison is tiers/bounded.py's; the pair rule (``attention-pair``) is the sum of the two
 backends' bounds.  ``accumulation_gamma`` is Higham's gamma_n by default; the opt-in
 probabilistic check passes Higham-Mary's (tiers/probabilistic.py).  Every bound is computed
@@ -102,7 +110,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tealite.numerics import Numerics
+from tealite.numerics import FP8_CODE_ALIGNMENT, Numerics
 
 from tealite_verify.references import attention as ref
 from tealite_verify.tiers.primitives import (compute_dtype, gamma, ulp, underflow_error,
@@ -157,11 +165,32 @@ class Rounding:
         return 0 if not self.kv_block else math.ceil(lk / self.kv_block) + 1
 
 
-def _prob_error(blk: ref.Block, st: ref.Structure, r: Rounding, centre, acc_gamma):
+@dataclass(frozen=True)
+class CodeFloors:
+    """Per operand, the magnitude a nonzero FP8 code below twice the format's smallest normal
+    counts at in a declared ``alignment_floor = FP8_CODE_ALIGNMENT`` MMA (0: not lifted)."""
+    q: float = 0.0
+    k: float = 0.0
+    v: float = 0.0
+    dout: float = 0.0
+
+    def of(self, numerics: Numerics) -> "CodeFloors":
+        return self if numerics.alignment_floor == FP8_CODE_ALIGNMENT else CodeFloors()
+
+
+def _aligned(xp, x, floor: float):
+    """|x| with its nonzero elements raised to ``floor`` (tiers/gemm.aligned_magnitude)."""
+    ax = xp.abs(x)
+    return xp.where(ax != 0, xp.maximum(ax, floor), ax) if floor else ax
+
+
+def _prob_error(blk: ref.Block, st: ref.Structure, r: Rounding, centre, acc_gamma,
+                floors: CodeFloors = CodeFloors()):
     """P * rho: the bound on each probability's error (before the absolute eta), rho from the
     score error and the exponent's distance to ``centre`` (the row max, or the lse)."""
     xp = blk.ops.xp
-    a = (xp.abs(blk.q) @ xp.abs(blk.k).swapaxes(-1, -2)) * st.scale
+    a = (_aligned(xp, blk.q, floors.q) @ _aligned(xp, blk.k, floors.k).swapaxes(-1, -2)
+         ) * st.scale
     if blk.bias is not None:
         a = a + xp.where(blk.vis, xp.abs(blk.bias), 0.0)
     c_s = r.dot(blk.q.shape[-1], acc_gamma) + 2 * r.u
@@ -174,10 +203,15 @@ def _finite_or_zero(xp, x, seen):
 
 
 def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype, *,
-                       bias=None, alibi=None, accumulation_gamma=gamma):
+                       bias=None, alibi=None, accumulation_gamma=gamma,
+                       code_floors: CodeFloors | None = None):
     """(tol of out, tol of lse) for a backend declaring ``numerics``; 0 where a row sees
-    no key (out must be exactly 0 there, lse exactly -inf)."""
+    no key (out must be exactly 0 there, lse exactly -inf).  ``code_floors``: q, k, v are
+    dequantized FP8 codes (the recipe's forward: descales per product, and the floors)."""
     r = Rounding.of(numerics)
+    floors = CodeFloors()
+    if code_floors is not None:
+        r, floors = dataclasses.replace(r, u_op=4 * r.u), code_floors.of(numerics)
     ops = ref.ops_of(q)
     tol_out, tol_lse = ref.empty_outputs(q, v, st)
     tol_lse = ops.zeros(tuple(tol_lse.shape))
@@ -188,7 +222,7 @@ def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype
         xp = blk.ops.xp
         seen = blk.lse > -np.inf
         m = _finite_or_zero(xp, blk.ops.amax(blk.s, -1), seen)
-        pr = _prob_error(blk, st, r, m, accumulation_gamma)
+        pr = _prob_error(blk, st, r, m, accumulation_gamma, floors)
         vis = xp.where(blk.vis, 1.0, 0.0)
         av, ao = xp.abs(blk.v), xp.abs(blk.out)
         pv = blk.p @ av
@@ -236,14 +270,15 @@ def fp8_rounding(r: Rounding, numerics: Numerics, dout, v, out_given) -> Roundin
 
 def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
                         numerics: Numerics, exact, dtype, *, bias=None, alibi=None,
-                        accumulation_gamma=gamma, fp8_operands: bool = False):
+                        accumulation_gamma=gamma, code_floors: CodeFloors | None = None):
     """(tol of dq, dk, dv) for a backend declaring ``numerics``, handed ``out_given`` and
     ``lse_given`` (their deviations from the exact forward are propagated); ``exact``: the
     reference's (dq, dk, dv), whose dtype-rounding the bounds include (q's dtype).
-    ``fp8_operands``: dout, q, k, v are dequantized FP8 codes (the recipe's backward)."""
+    ``code_floors``: dout, q, k, v are dequantized FP8 codes (the recipe's backward)."""
     r = Rounding.of(numerics)
-    if fp8_operands:
-        r = fp8_rounding(r, numerics, dout, v, out_given)
+    floors = CodeFloors()
+    if code_floors is not None:
+        r, floors = fp8_rounding(r, numerics, dout, v, out_given), code_floors.of(numerics)
     ops = ref.ops_of(q)
     xp = ops.xp
     e_q, e_k, e_v = ops.zeros(q.shape), ops.zeros(k.shape), ops.zeros(v.shape)
@@ -262,11 +297,11 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
         d_lse = _finite_or_zero(xp, xp.abs(_finite_or_zero(xp, given, seen)
                                            - _finite_or_zero(xp, blk.lse, seen)), seen)
         lse = _finite_or_zero(xp, blk.lse, seen)
-        pr = _prob_error(blk, st, r, lse, accumulation_gamma)
+        pr = _prob_error(blk, st, r, lse, accumulation_gamma, floors)
         pr = pr + blk.p * d_lse[..., None] + xp.where(blk.vis, r.eta_p, 0.0)
         ado = xp.abs(do)
         d_out = xp.abs(oov[rows].swapaxes(0, 1) - blk.out)
-        dp_abs = ado @ xp.abs(blk.v).swapaxes(-1, -2)
+        dp_abs = _aligned(xp, do, floors.dout) @ _aligned(xp, blk.v, floors.v).swapaxes(-1, -2)
         d_abs = (ado * xp.abs(blk.out)).sum(-1)[..., None]
         d_delta = (ado * d_out).sum(-1)[..., None]
         p_eta = xp.where(blk.vis, blk.p + r.eta_p, 0.0)

@@ -81,6 +81,7 @@ from tealite.backends.aiter_triton.gemm import TENSOR_CORE_U
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason
 from tealite.backends.aiter_triton.qgemm import _FP8_MMA_U as FP8_MMA_U
 from tealite.errors import UnsupportedCase
+from tealite.numerics import FP8_CODE_ALIGNMENT
 from tealite.types import Op
 
 FWD_FP8 = "_flash_attn_forward"
@@ -263,6 +264,7 @@ def _numerics(backward: bool):
             # Hopper FP8 MMA chain (<= a block or the head dim), its result descaled before the
             # fp32 add across blocks: 2^-13 bounds both (qgemm.py).
             out["accumulator_unit_roundoff"] = FP8_MMA_U
+            out["alignment_floor"] = FP8_CODE_ALIGNMENT  # subnormal codes: qgemm.py
         elif nvidia:
             out["accumulator_unit_roundoff"] = TENSOR_CORE_U
         return out
@@ -332,7 +334,11 @@ def _quantize_per_tensor(x: torch.Tensor, fp8) -> tuple[torch.Tensor, torch.Tens
     """(codes, descale) of the recipe's rule (see the module docstring), in torch."""
     fmax = torch.finfo(fp8).max
     amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
-    scale = fmax / amax
+    # A tensor / tensor division: torch computes ``python_float / tensor`` as a reciprocal
+    # times the float (two roundings), and that scale, one ulp off TE's fp32 quotient, moved
+    # codes at ties (an H100 fuzz finding, reproduced on the CPU: 17.25 with amax 92 gave
+    # 88 for TE's 80).
+    scale = amax.new_full((), fmax) / amax
     # TE's rule: an infinite quotient (amax below fmax / FLT_MAX: subnormal inputs) becomes
     # FLT_MAX, amax 0 or non-finite gives 1.  Without the first, an H100 fuzz found NaN dq /
     # dk for a tiny dout (0 * inf in the codes) and a zero dv (descale 1 / inf).
