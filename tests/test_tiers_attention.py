@@ -258,3 +258,43 @@ def test_pair_rule_and_the_same_precision_ratio(make_backend):
                    backends=["torch", wrong], probabilistic=None)
     pair = [c for c in rep.comparisons if c.rhs != "reference"]
     assert len(pair) == 2 and not any(c.metrics.passed for c in pair), rep.describe()
+
+
+def _score_error_case(overshoot: float):
+    """A bshd case whose scores a kernel computes off by ``overshoot`` times the declared
+    score bound (every score pushed up, the worst sign for P), under a coarse accumulator
+    (2^-8): exponents off by ~4-7, so P^ = e^delta P is far outside first order."""
+    rng = np.random.default_rng(5)
+    q, k = 2.0 * rng.standard_normal((1, 3, 1, 16)), 2.0 * rng.standard_normal((1, 4, 1, 16))
+    v, dout = rng.standard_normal((1, 4, 1, 8)), rng.standard_normal((1, 3, 1, 8))
+    st = ref.Structure("bshd", "none", 1.0)
+    num = Numerics.of({"compute_dtype": F32, "accumulator_unit_roundoff": 2.0 ** -8})
+    r = tier.Rounding.of(num)
+    c_s = r.dot(16, tier.gamma) + 2 * r.u
+    out, lse = ref.attention_fwd(q, k, v, st)
+    qh, kh = q[0, :, 0], k[0, :, 0]
+    s = qh @ kh.T + overshoot * c_s * (np.abs(qh) @ np.abs(kh).T)  # computed scores
+    return q, k, v, dout, st, num, out, lse, s
+
+
+@pytest.mark.parametrize("overshoot, passes", [(0.9, True), (3.0, False)])
+def test_large_score_errors_are_bounded_in_the_exponent(overshoot, passes):
+    """P^ = exp(s^ - lse) with s^ off by rho in the exponent is P e^rho: the bounds take
+    P (e^rho - 1), not the first-order P rho (an H100 fuzz of AITER's FP8 backward: large
+    scores, FP8 accumulation, dv 1e17 against a first-order bound of 2.7e3).  A kernel
+    within its declared score error passes; one three times outside it fails."""
+    q, k, v, dout, st, num, out, lse, s = _score_error_case(overshoot)
+    delta = s - (q[0, :, 0] @ k[0, :, 0].T)
+    assert delta.max() > 3.0  # far outside first order
+    grads = ref.attention_bwd(dout, q, k, v, st)
+    tol = tier.backward_tolerances(dout, q, k, v, out, lse, st, num, grads, F32)
+    p_hat = np.exp(s - lse[0, 0][:, None])                       # (sq, sk), lse given exact
+    dv_hat = p_hat.T @ dout[0, :, 0]
+    err = np.abs(dv_hat - grads[2][0, :, 0])
+    assert bool((err <= tol[2][0, :, 0]).all()) == passes, (err, tol[2][0, :, 0])
+    # forward: out^ normalizes the same P^, lse^ = m + log sum
+    tol_out, tol_lse = tier.forward_tolerances(q, k, v, st, num, F32)
+    o_hat = (p_hat / p_hat.sum(-1, keepdims=True)) @ v[0, :, 0]
+    lse_hat = np.log(np.exp(s).sum(-1))
+    assert (np.abs(o_hat - out[0, :, 0]) <= tol_out[0, :, 0]).all()
+    assert bool((np.abs(lse_hat - lse[0, 0]) <= tol_lse[0, 0]).all()) == passes

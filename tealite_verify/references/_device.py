@@ -96,7 +96,7 @@ NUMPY = SimpleNamespace(
     name="numpy", asarray=lambda x: np.asarray(x, dtype=np.float64),
     sqrt=np.sqrt, exp=np.exp, tanh=np.tanh, abs=np.abs, maximum=np.maximum, where=np.where,
     concatenate=np.concatenate, mean=np.mean, sum=np.sum, erf=_numpy_erf, erfc=_numpy_erfc,
-    zeros_like=np.zeros_like)
+    zeros_like=np.zeros_like, expm1=np.expm1, log1p=np.log1p, minimum=np.minimum, amax=np.amax)
 
 
 class TorchF64:
@@ -113,6 +113,13 @@ class TorchF64:
         self.sqrt, self.exp, self.tanh, self.abs = torch.sqrt, torch.exp, torch.tanh, torch.abs
         self.zeros_like = torch.zeros_like
         self.erf, self.erfc = torch.special.erf, torch.special.erfc
+        self.expm1, self.log1p = torch.expm1, torch.log1p
+
+    def minimum(self, a, b):
+        return self.torch.minimum(self.asarray(a), self.asarray(b))
+
+    def amax(self, x, axis, keepdims=False):
+        return self.torch.amax(x, dim=axis, keepdim=keepdims)
 
     def asarray(self, x):
         return self.torch.as_tensor(x, dtype=self.torch.float64, device=self.device)

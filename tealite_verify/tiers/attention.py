@@ -21,6 +21,12 @@ Forward
    by sum_j P_j rho_j (v_j - out) / (1 + sum_j P_j rho_j), at most (first order)
        sum_j P_ij r_ij (|v_j| + |out_i|),
    the centred form: an error common to all p (the max, a shared rescaling) costs nothing.
+   Not linearized: rho bounds an error *in the exponent*, so |p^ - p| <= P (e^r - 1) and
+   sum_j p^_j >= sum_j P_j e^-r (= den_i), giving sum_j P_ij (e^r - 1)(|v_j| + |out_i|) /
+   den_i, and never more than max_j |v_j| + |out_i| (out^ is a convex combination of the
+   v_j).  To first order this is the sum above; it stays a bound where the score error is
+   not small (FP8 scores of large inputs: an H100 fuzz of the FP8 backward had exponents off
+   by ~40 within the declared accumulator, e^40 times P).
 4. The two reductions of length n_i (numerator P V and the row sum) add
    gamma_{n'} (sum_j P_ij |v_j| + |out_i|), with n' = n_i + 2 n_blocks for a kernel that
    declares ``attention_kv_block`` (per key block one rounding of the rescaled running
@@ -31,7 +37,8 @@ Forward
    times |v_j| (+ |out| for the sum).
 6. A factor 2 (``SAFETY``) covers the dropped second-order terms; then half an ulp of the
    output dtype (``ulp.with_output_rounding``).
-lse = m + log(sum_j p^_j): the weighted exponent error sum_j P r, the row sum's gamma_{n'},
+lse = m + log(sum_j p^_j): the exponent errors' log(1 + sum_j P (e^r - 1)) (first order
+sum_j P r; it bounds both signs by Jensen), the row sum's gamma_{n'},
 log's 2eu |log l| (l = sum_j exp(s_j - m), log l = lse - m), 2u |lse| for the add (and an
 exp2 / log2 kernel's conversion), doubled, then fp32's half ulp.  A row that sees no key
 must be exactly out 0 and lse -inf (bound 0).
@@ -42,8 +49,9 @@ The backward is judged at the *exact* forward: the reference's gradients use the
 and out.  A backend is handed ``out`` and ``lse`` (the spec gives it the reference's, rounded
 to q's dtype and to fp32; a backend's own forward would do as well) and their deviations
 from the exact ones, Delta_out and Delta_lse, are measured and propagated, not assumed:
-1. P^ = exp(s^ - lse_given): relative error rho_ij = gamma_{d_qk+2} A + 3u |s - lse| + 2eu +
-   Delta_lse_i, plus eta (fp32's smallest normal: exp underflowing) absolutely.
+1. P^ = exp(s^ - lse_given): exponent error rho_ij = gamma_{d_qk+2} A + 3u |s - lse| + 2eu +
+   Delta_lse_i, so |P^ - P| <= P (e^rho - 1) (first order P rho; P^ itself is then at most
+   P + that), plus eta (fp32's smallest normal: exp underflowing) absolutely.
 2. dP = dout v^T: gamma_{d_v+2} DPabs_ij, DPabs = |dout||v|^T; D_i = <dout_i, out_given_i>:
    gamma_{d_v+2} <|dout|,|out|> + <|dout|, Delta_out>.
 3. dS = P (dP - D): |dS^ - dS| <= (P rho + eta) |dP - D| + (P + eta)(gamma_{d_v+2}
@@ -184,10 +192,10 @@ def _aligned(xp, x, floor: float):
     return xp.where(ax != 0, xp.maximum(ax, floor), ax) if floor else ax
 
 
-def _prob_error(blk: ref.Block, st: ref.Structure, r: Rounding, centre, acc_gamma,
-                floors: CodeFloors = CodeFloors()):
-    """P * rho: the bound on each probability's error (before the absolute eta), rho from the
-    score error and the exponent's distance to ``centre`` (the row max, or the lse)."""
+def _exponent_error(blk: ref.Block, st: ref.Structure, r: Rounding, centre, acc_gamma,
+                    floors: CodeFloors):
+    """rho: the bound on each probability's error in its exponent, from the score error and
+    the exponent's distance to ``centre`` (the row max, or the lse); 0 where not visible."""
     xp = blk.ops.xp
     a = (_aligned(xp, blk.q, floors.q) @ _aligned(xp, blk.k, floors.k).swapaxes(-1, -2)
          ) * st.scale
@@ -195,7 +203,19 @@ def _prob_error(blk: ref.Block, st: ref.Structure, r: Rounding, centre, acc_gamm
         a = a + xp.where(blk.vis, xp.abs(blk.bias), 0.0)
     c_s = r.dot(blk.q.shape[-1], acc_gamma) + 2 * r.u
     dist = xp.where(blk.vis, xp.abs(blk.s - centre[..., None]), 0.0)
-    return xp.where(blk.vis, blk.p * (c_s * a + 3 * r.u * dist + r.exp_rel), 0.0)
+    return xp.where(blk.vis, c_s * a + 3 * r.u * dist + r.exp_rel, 0.0)
+
+
+def _scaled(xp, p, factor):
+    """p * factor, 0 where p is 0 (an infinite factor times a probability that underflowed)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return xp.where(p > 0, p * factor, 0.0)
+
+
+def _prob_error(xp, p, rho):
+    """|p^ - p| <= p (e^rho - 1): rho bounds an error in the exponent (module doc)."""
+    with np.errstate(over="ignore"):
+        return _scaled(xp, p, xp.expm1(rho))
 
 
 def _finite_or_zero(xp, x, seen):
@@ -222,13 +242,19 @@ def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype
         xp = blk.ops.xp
         seen = blk.lse > -np.inf
         m = _finite_or_zero(xp, blk.ops.amax(blk.s, -1), seen)
-        pr = _prob_error(blk, st, r, m, accumulation_gamma, floors)
+        rho = _exponent_error(blk, st, r, m, accumulation_gamma, floors)
+        pr = _prob_error(xp, blk.p, rho)
+        with np.errstate(over="ignore"):
+            den = _scaled(xp, blk.p, xp.exp(-rho)).sum(-1)[..., None]  # <= sum of p^ (P sums to 1)
+            p_hat = _scaled(xp, blk.p, xp.exp(rho)) / den    # >= each normalized p^
         vis = xp.where(blk.vis, 1.0, 0.0)
         av, ao = xp.abs(blk.v), xp.abs(blk.out)
-        pv = blk.p @ av
+        pv = p_hat @ av
         n_vis = vis.sum(-1)[..., None]
         g_red = r.dot(blk.span.lk + 2 * r.blocks(blk.span.lk), accumulation_gamma)
-        e = (pr @ av + ao * pr.sum(-1)[..., None]           # centred probability errors
+        convex = xp.amax(av, -2, keepdims=True) + ao            # out^ averages the v_j
+        centred = xp.minimum((pr @ av + ao * pr.sum(-1)[..., None]) / den, convex)
+        e = (centred                                         # centred probability errors
              + g_red * (pv + ao)                             # numerator and row sum
              + r.u_p * pv + r.u * ao                         # P rounded; the division
              + r.eta_p * (vis @ av + n_vis * ao)             # underflowed probabilities
@@ -236,7 +262,7 @@ def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype
         ov[blk.span.q_rows(blk.r0, blk.r1)] = with_output_rounding(
             blk.out, SAFETY * e, out_dtype).swapaxes(0, 1)
         lse = _finite_or_zero(xp, blk.lse, seen)
-        e_lse = (pr.sum(-1) + g_red + r.exp_rel * xp.abs(lse - m) + 2 * r.u * xp.abs(lse)
+        e_lse = (xp.log1p(pr.sum(-1)) + g_red + r.exp_rel * xp.abs(lse - m) + 2 * r.u * xp.abs(lse)
                  + r.eta_p * n_vis[..., 0])
         tol = with_output_rounding(lse, SAFETY * e_lse, F32)
         tol_lse[blk.span.lse_rows(blk.r0, blk.r1)] = _finite_or_zero(xp, tol, seen)
@@ -297,14 +323,15 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
         d_lse = _finite_or_zero(xp, xp.abs(_finite_or_zero(xp, given, seen)
                                            - _finite_or_zero(xp, blk.lse, seen)), seen)
         lse = _finite_or_zero(xp, blk.lse, seen)
-        pr = _prob_error(blk, st, r, lse, accumulation_gamma, floors)
-        pr = pr + blk.p * d_lse[..., None] + xp.where(blk.vis, r.eta_p, 0.0)
+        rho = _exponent_error(blk, st, r, lse, accumulation_gamma, floors)
+        rho = xp.where(blk.vis, rho + d_lse[..., None], 0.0)
+        pr = _prob_error(xp, blk.p, rho) + xp.where(blk.vis, r.eta_p, 0.0)
         ado = xp.abs(do)
         d_out = xp.abs(oov[rows].swapaxes(0, 1) - blk.out)
         dp_abs = _aligned(xp, do, floors.dout) @ _aligned(xp, blk.v, floors.v).swapaxes(-1, -2)
         d_abs = (ado * xp.abs(blk.out)).sum(-1)[..., None]
         d_delta = (ado * d_out).sum(-1)[..., None]
-        p_eta = xp.where(blk.vis, blk.p + r.eta_p, 0.0)
+        p_eta = xp.where(blk.vis, blk.p + pr, 0.0)               # >= |P^|
         under = 2 * v.shape[-1] * r.eta                      # underflowed products in dP, D
         e_ds = (pr * xp.abs(dp - d[..., None])
                 + p_eta * (c_d * (dp_abs + d_abs) + d_delta + under)
