@@ -298,3 +298,19 @@ def test_large_score_errors_are_bounded_in_the_exponent(overshoot, passes):
     lse_hat = np.log(np.exp(s).sum(-1))
     assert (np.abs(o_hat - out[0, :, 0]) <= tol_out[0, :, 0]).all()
     assert bool((np.abs(lse_hat - lse[0, 0]) <= tol_lse[0, 0]).all()) == passes
+
+
+def test_a_row_hidden_by_bias_has_zero_tolerance_not_nan():
+    """A query row whose every key has a -inf bias sees no key: out must be exactly 0 and lse
+    -inf, so its bounds are 0 (an earlier form of the exponent bound divided 0 by 0 there:
+    NaN tolerances, and every backend was accused)."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal(s) for s in ((1, 3, 1, 8), (1, 4, 1, 8), (1, 4, 1, 8)))
+    bias = rng.standard_normal((1, 1, 3, 4))
+    bias[0, 0, 1] = -np.inf
+    st = ref.Structure("bshd", "none", 0.5)
+    tol_out, tol_lse = tier.forward_tolerances(q, k, v, st, Numerics.of(FLASH), BF16,
+                                               bias=bias)
+    assert np.isfinite(tol_out).all() and np.isfinite(tol_lse).all()
+    assert (tol_out[0, 1] < 1e-38).all() and tol_lse[0, 0, 1] == 0  # 0, or bf16's 0 half-ulp
+    assert (tol_out[0, [0, 2]] > 0).all()

@@ -212,6 +212,21 @@ def _scaled(xp, p, factor):
         return xp.where(p > 0, p * factor, 0.0)
 
 
+def _nan_to_inf(xp, e):
+    """An error bound that came out NaN (an infinite term times 0) is no bound: inf."""
+    return xp.where(e != e, float("inf"), e)
+
+
+def _inverse_row_sum(xp, p, rho, n_vis):
+    """1 / sum_j P_j e^-rho_j: the inverse of a lower bound on the computed row sum (P sums
+    to 1 over a row's visible keys); inf where that bound underflows, 1 for a row that sees
+    no key (its terms are all 0)."""
+    with np.errstate(under="ignore"):
+        den = _scaled(xp, p, xp.exp(-rho)).sum(-1)[..., None]
+    safe = xp.where(den > 0, den, 1.0)
+    return xp.where(den > 0, 1.0 / safe, xp.where(n_vis > 0, float("inf"), 1.0))
+
+
 def _prob_error(xp, p, rho):
     """|p^ - p| <= p (e^rho - 1): rho bounds an error in the exponent (module doc)."""
     with np.errstate(over="ignore"):
@@ -244,25 +259,27 @@ def forward_tolerances(q, k, v, st: ref.Structure, numerics: Numerics, out_dtype
         m = _finite_or_zero(xp, blk.ops.amax(blk.s, -1), seen)
         rho = _exponent_error(blk, st, r, m, accumulation_gamma, floors)
         pr = _prob_error(xp, blk.p, rho)
-        with np.errstate(over="ignore"):
-            den = _scaled(xp, blk.p, xp.exp(-rho)).sum(-1)[..., None]  # <= sum of p^ (P sums to 1)
-            p_hat = _scaled(xp, blk.p, xp.exp(rho)) / den    # >= each normalized p^
         vis = xp.where(blk.vis, 1.0, 0.0)
+        n_vis = vis.sum(-1)[..., None]
+        inv_den = _inverse_row_sum(xp, blk.p, rho, n_vis)
+        with np.errstate(over="ignore", invalid="ignore"):
+            p_hat = _scaled(xp, blk.p, xp.exp(rho) * inv_den)   # >= each normalized p^
         av, ao = xp.abs(blk.v), xp.abs(blk.out)
         pv = p_hat @ av
-        n_vis = vis.sum(-1)[..., None]
         g_red = r.dot(blk.span.lk + 2 * r.blocks(blk.span.lk), accumulation_gamma)
-        convex = xp.amax(av, -2, keepdims=True) + ao            # out^ averages the v_j
-        centred = xp.minimum((pr @ av + ao * pr.sum(-1)[..., None]) / den, convex)
-        e = (centred                                         # centred probability errors
-             + g_red * (pv + ao)                             # numerator and row sum
-             + r.u_p * pv + r.u * ao                         # P rounded; the division
-             + r.eta_p * (vis @ av + n_vis * ao)             # underflowed probabilities
-             + r.eta * n_vis)                                # underflowed products
+        with np.errstate(invalid="ignore"):
+            e = ((pr @ av + ao * pr.sum(-1)[..., None]) * inv_den  # centred probability errors
+                 + g_red * (pv + ao)                             # numerator and row sum
+                 + r.u_p * pv + r.u * ao                         # P rounded; the division
+                 + r.eta_p * (vis @ av + n_vis * ao)             # underflowed probabilities
+                 + r.eta * n_vis)                                # underflowed products
+        # out^ is (to within its roundings, which SAFETY covers) an average of the v_j.
+        e = xp.minimum(_nan_to_inf(xp, e), xp.amax(av, -2, keepdims=True) + ao)
         ov[blk.span.q_rows(blk.r0, blk.r1)] = with_output_rounding(
             blk.out, SAFETY * e, out_dtype).swapaxes(0, 1)
         lse = _finite_or_zero(xp, blk.lse, seen)
-        e_lse = (xp.log1p(pr.sum(-1)) + g_red + r.exp_rel * xp.abs(lse - m) + 2 * r.u * xp.abs(lse)
+        shift = xp.minimum(xp.log1p(pr.sum(-1)), xp.amax(rho, -1))  # |lse^ - lse| <= max rho
+        e_lse = (shift + g_red + r.exp_rel * xp.abs(lse - m) + 2 * r.u * xp.abs(lse)
                  + r.eta_p * n_vis[..., 0])
         tol = with_output_rounding(lse, SAFETY * e_lse, F32)
         tol_lse[blk.span.lse_rows(blk.r0, blk.r1)] = _finite_or_zero(xp, tol, seen)
@@ -362,4 +379,5 @@ def backward_tolerances(dout, q, k, v, out_given, lse_given, st: ref.Structure,
         u_part, eta_part = unit_roundoff(part), 0.5 * float(ulp(part, 0.0))
         errors[1] = errors[1] + group * (u_part * m_k + eta_part)
         errors[2] = errors[2] + group * (u_part * m_v + eta_part)
-    return tuple(with_output_rounding(x, SAFETY * e, dtype) for x, e in zip(exact, errors))
+    return tuple(with_output_rounding(x, SAFETY * _nan_to_inf(xp, e), dtype)
+                 for x, e in zip(exact, errors))
