@@ -11,9 +11,14 @@ atomically adds the dtype-rounded row products into ``out``.  It asserts int32 /
 tables, (M, 1, K) tokens, (E, N, K) contiguous weights, K (and N) whole 128 steps, ``block_m``
 equal to the sorting's unit, no routing weights and ``QuantType.No``.
 
-These prove the adapter's plumbing (splits -> sorted ids, the weight layouts, padding, the
-output) and its refusals -- not CK's numerics, which need an MI300 / MI350 run.  A seeded
-plumbing bug (expert ids off by one, the NN weight left untransposed) fails the harness.
+With ``QuantType.per_1x128`` it checks the blockscale layouts read from CK's kernel
+(a2_scale (tokens * topk, K/128), w2_scale (E, N/128, K/128), fp32, the arch's E4M3 codes,
+block_m 16 / 64) and computes with the scales applied per 128 block.
+
+These prove the adapter's plumbing (splits -> sorted ids, the weight layouts, padding, scale
+layouts, the output) and its refusals -- not CK's numerics, which need an MI300 / MI350 run.
+A seeded plumbing bug (expert ids off by one, the NN weight left untransposed, activation
+scales of the wrong token) fails the harness.
 """
 from __future__ import annotations
 
@@ -32,13 +37,17 @@ from tealite.errors import UnsupportedCase
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
 from tealite_verify.specs.grouped_gemm import make_case
+from tealite_verify.specs.grouped_qgemm import _BLK, _CUR, _smoke
 
 SPEC = get_spec("grouped_gemm")
 
 
-class _Quant(enum.Enum):
+class _Quant(enum.Enum):  # aiter_enum.h's values
     No = 0
     per_Tensor = 1
+    per_Token = 2
+    per_1x32 = 3
+    per_1x128 = 4
 
 
 class _Act(enum.Enum):
@@ -50,10 +59,19 @@ def _mock_id(token: int, slot: int) -> int:
     return (token & 0xFFFFFF) | ((slot & 0xFF) << 24)
 
 
-def make_fake(calls: list) -> types.ModuleType:
+def _block_scaled(codes, scales, rows_dim: int) -> torch.Tensor:
+    """float64 codes x their 128-block scales (1x128 rows, or 128x128 with ``rows_dim``)."""
+    s = scales.double().repeat_interleave(128, -1)
+    if rows_dim:
+        s = s.repeat_interleave(128, -2)
+    return codes.double() * s[..., :codes.shape[-2], :codes.shape[-1]] if rows_dim else \
+        codes.double() * s[..., :codes.shape[-1]]
+
+
+def make_fake(calls: list, arch: str = "gfx950") -> types.ModuleType:
     fake = types.ModuleType("aiter")
     fake.__version__ = "0.0-fake"
-    fake.__tealite_fake_arch__ = "gfx942"
+    fake.__tealite_fake_arch__ = arch
     fake.__tealite_fake_devices__ = ("cpu",)
     fake.QuantType, fake.ActivationType = _Quant, _Act
     unit_seen: list = []
@@ -95,25 +113,38 @@ def make_fake(calls: list) -> types.ModuleType:
                           a2_scale=None, block_m=32, sorted_weights=None,
                           quant_type=_Quant.No, activation=_Act.Silu):
         calls.append("ck_moe_stage2_fwd")
-        assert quant_type is _Quant.No and w2_scale is None and a2_scale is None
         assert sorted_weights is None  # no routing weight multiplied in stage 2
-        assert block_m == unit_seen[-1] and block_m in (32, 64, 128, 256)
+        assert block_m == unit_seen[-1]
         tokens, slots, k = inter_states.shape
         e, n, kw = w2.shape
         assert slots == topk and kw == k and k % 128 == 0 and n % 128 == 0
-        dt = inter_states.dtype
-        assert dt in (torch.bfloat16, torch.float16) and w2.dtype == dt == out.dtype
-        assert w1.shape[0] == e and w1.dtype == w2.dtype
+        assert w1.shape[0] == e and w1.dtype == w2.dtype == inter_states.dtype
+        dt = out.dtype
+        assert dt in (torch.bfloat16, torch.float16)
         for t in (inter_states, w2, out):
             assert t.is_contiguous()
         assert out.shape == (tokens, n)
+        if quant_type is _Quant.per_1x128:  # blockscale instances: block_m 16 / 64
+            assert block_m in (16, 64) and k % (256 if block_m == 16 else 128) == 0
+            assert w2.dtype == {"gfx950": torch.float8_e4m3fn,
+                                "gfx942": torch.float8_e4m3fnuz}[arch]
+            kb, nb = k // 128, n // 128
+            assert a2_scale.shape == (tokens * topk, kb) and w2_scale.shape == (e, nb, kb)
+            for t in (a2_scale, w2_scale):
+                assert t.dtype == torch.float32 and t.is_contiguous()
+            x = _block_scaled(inter_states, a2_scale.view(tokens, topk, kb), 0)
+            w = _block_scaled(w2, w2_scale, 1)
+        else:
+            assert quant_type is _Quant.No and w2_scale is None and a2_scale is None
+            assert block_m in (32, 64, 128, 256) and inter_states.dtype == dt
+            x, w = inter_states.double(), w2.double()
         for p in range(int(num_valid_ids[0])):
             mock = int(sorted_token_ids[p]) & 0xFFFFFFFF
             tok, slot = mock & 0xFFFFFF, mock >> 24
             if tok >= tokens:
                 continue  # a padding row
             expert = int(sorted_expert_ids[p // block_m])
-            row = (inter_states[tok, slot].double() @ w2[expert].double().t()).to(dt)
+            row = (x[tok, slot] @ w[expert].t()).to(dt)
             out[tok] = (out[tok].double() + row.double()).to(dt)  # the atomic add
         return out
 
@@ -229,3 +260,60 @@ def test_contracts_are_declared():
     got = {c.entry_point: c for c in contracts.contracts("aiter")}
     for entry in G.ENTRY_POINTS:
         assert got[entry].op == "grouped_gemm" and entry in A.ENTRY_POINTS
+
+
+# ---- grouped_qgemm: FP8 block scaling (QuantType.per_1x128) ---------------------------------
+
+QSPEC = get_spec("grouped_qgemm")
+_ACT = dict(_BLK, block=[1, 128])
+QCASES = {
+    "TN-ragged-KN": _smoke(_BLK, _ACT, "TN", [0, 7, 2], 17, 200),
+    "TN-blocks-span-experts": _smoke(_BLK, _ACT, "TN", [70, 0, 3, 65], 130, 256,
+                                     out_dtype="float16"),
+    "NN-shared-fp32-scales": _smoke(dict(_BLK, force_pow2_scales=False),
+                                    dict(_ACT, force_pow2_scales=False), "NN", [5, 3], 9, 130,
+                                    shared_weight=True),
+}
+
+
+@pytest.mark.parametrize("name", list(QCASES))
+def test_blockscale_stage2_passes_the_harness(calls, name):
+    report = run_case(QSPEC, QCASES[name], backends=["aiter", "torch"])
+    outcome = report.outcomes["aiter"]
+    assert outcome.status == "ok" and report.verdict == "pass", report.describe()
+    assert outcome.numerics.entry_point == G.STAGE2_BLOCK
+    assert calls == ["moe_sorting_fwd", "ck_moe_stage2_fwd"]
+
+
+def test_activation_scales_of_the_wrong_token_are_caught(calls, monkeypatch):
+    good = G.token_rows
+
+    def rolled(b_ops, k_pad):
+        x, s = good(b_ops, k_pad)
+        return x, torch.roll(s, 1, dims=0)
+    monkeypatch.setattr(G, "token_rows", rolled)
+    report = run_case(QSPEC, QCASES["TN-ragged-KN"], backends=["aiter", "torch"])
+    assert report.outcomes["aiter"].status == "ok", report.describe()
+    assert any(c.lhs == "aiter" and c.rhs == "reference" for c in report.failures)
+
+
+@pytest.mark.parametrize("ra, rb, match", [
+    (_CUR, _CUR, "only FP8 block scaling"),
+    (_ACT, _ACT, "got A (1, 128)"),
+])
+def test_qgemm_refusals_name_the_reason(calls, ra, rb, match):
+    report = run_case(QSPEC, _smoke(ra, rb, "TN", [3, 2], 8, 128), backends=["aiter", "torch"])
+    outcome = report.outcomes["aiter"]
+    assert outcome.status == "unsupported" and match in outcome.reason, report.describe()
+    assert calls == []
+
+
+def test_ocp_codes_are_refused_on_gfx942(monkeypatch):
+    monkeypatch.setitem(sys.modules, "aiter", make_fake([], arch="gfx942"))
+    A.reset()
+    try:
+        with A.PLATFORM.override(rocm=True, gpu_visible=True):
+            report = run_case(QSPEC, QCASES["TN-ragged-KN"], backends=["aiter", "torch"])
+        assert "e4m3fnuz codes" in report.outcomes["aiter"].reason, report.describe()
+    finally:
+        A.reset()
