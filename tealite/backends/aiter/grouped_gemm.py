@@ -41,7 +41,7 @@ without changing the scale counts.  Each 128-long K block's partial sum is scale
 scales and accumulated in fp32, as the dense ``gemm_a8w8_blockscale`` (:mod:`.qgemm`).
 
 Numerics (declared): fp32 accumulation, one rounding into the dtype (the atomic add of the
-rounded row into a zeroed output is exact).  Refused with the reason: ``NT`` (wgrad: stage 2
+rounded row into a zeroed output is exact, but for a -0 row element, which comes out +0).  Refused with the reason: ``NT`` (wgrad: stage 2
 splits the tokens, not the contraction), bias (stage 2 has no bias; the cktile path's
 ``exp_bias`` is another entry point, for MXFP4 weights), ``accumulate`` (stage 2 adds into
 ``moe_sorting``'s zeroed buffer; adding into a caller's bf16 output would round twice), fp32
