@@ -87,3 +87,25 @@ def test_unpermute(bench, permute_inputs, copy_reference, with_probs, backend):
               nbytes=C.unpermute_bytes(p.out, p.row_id_map.rows, y, merging),
               reference=copy_reference,
               target_pct=PERMUTE if backend == "triton" else None)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_unpermute_fp8_top1(bench, permute_inputs, copy_reference, backend):
+    """Unpermuting FP8 rows with 1x128 block scales, top-1 routing, no probs: a move of the
+    codes and their scales (each token's one row), held to the same copy-bandwidth target."""
+    x, idx, experts = permute_inputs[0], permute_inputs[1], permute_inputs[4]
+    tokens, hidden = x.shape
+    q = tealite.QuantizedTensor(tealite.recipes.Float8BlockScaling(fmt="e4m3"), (tokens, hidden),
+                                data=x.to(torch.float8_e4m3fn),
+                                scale_inv=torch.ones((tokens, -(-hidden // 128)),
+                                                     device=x.device))
+    p = tealite.moe_permute(q, idx[:, :1].contiguous(), map_type="index", num_experts=experts,
+                            backend="torch")
+    y = tealite.moe_unpermute(p.out, p.row_id_map, backend=backend)
+    bench.run(lambda: tealite.moe_unpermute(p.out, p.row_id_map, backend=backend),
+              group="permute", kernel="moe_unpermute fp8 top-1", backend=backend,
+              shape=tuple(p.out.shape), dtype=p.out.data.dtype,
+              nbytes=C.unpermute_bytes(p.out.data, p.row_id_map.rows, y.data)
+              + p.out.scale_inv.nbytes + y.scale_inv.nbytes,
+              reference=copy_reference,
+              target_pct=PERMUTE if backend == "triton" else None)

@@ -236,7 +236,8 @@ def test_probe_rejects_the_triton_loader_shell(install):
 
 
 def test_every_entry_point_declares_a_contract():
-    declared = {c.entry_point for c in contracts.contracts("aiter")}
+    # "name[mode]": a second contract of one entry point (ck_moe_stage2_fwd[per_1x128])
+    declared = {c.entry_point.split("[")[0] for c in contracts.contracts("aiter")}
     assert declared == set(A.ENTRY_POINTS)
     diffs = {(d["entry_point"], d["field"]) for d in contracts.differences_from_te("aiter")}
     assert ("dynamic_per_tensor_quant", "scale_rule") in diffs

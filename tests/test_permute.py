@@ -198,7 +198,7 @@ def test_quantized_rows_move_with_their_scales(backend, recipe):
 # ---- the bounds: wrong implementations are caught, correct ones rounding differently pass -----
 
 def _unpermute_variant(*, wide=F32, reverse=False, wrong_slot=False, acc=F32):
-    def impl(permuted, row_id_map, *, merging_probs):
+    def impl(permuted, row_id_map, *, merging_probs, scale_inv, scale_fill):
         n, h = row_id_map.num_tokens, permuted.shape[1]
         total = torch.zeros((n, h), dtype=acc)
         slots = range(row_id_map.slots)
@@ -210,7 +210,7 @@ def _unpermute_variant(*, wide=F32, reverse=False, wrong_slot=False, acc=F32):
                 ps = (s + 1) % row_id_map.slots if wrong_slot else s
                 term = term * merging_probs[kept, ps:ps + 1].to(wide)
             total[kept] = (total[kept].to(wide) + term).to(acc)
-        return total.to(permuted.dtype)
+        return total.to(permuted.dtype), None
     return impl
 
 

@@ -32,7 +32,10 @@ Quantized inputs (``permute``, ``sort_chunks``, ``pad`` / ``unpad`` take a
 :class:`QuantizedTensor`): the rowwise codes move by rows and so do their scales when they
 are per row (per-row FP8 ``(M,)``, 1x128 blocks ``(M, ceil(K/128))``, MX ``(M, ceil(K/32))``),
 exactly; a per-tensor scale is kept.  Padding rows get code 0 and scale 1 (fp32 1.0, E8M0
-byte 127), so they dequantize to 0.  Refused: columnwise data (the codes of x.T cannot move
+byte 127), so they dequantize to 0.  ``unpermute`` takes one without merging probs where no
+token has two kept rows (top-1 routing): a move too, a token without a row getting a padding
+row; summing rows (top-k > 1, or probs) would requantize, and TE's ``moe_unpermute`` forward
+refuses quantized inputs altogether, so those are refused naming the argument.  Refused: columnwise data (the codes of x.T cannot move
 by x's rows), 128x128 blocks (128 rows share a scale).  The result's ``amax`` is None (the
 amax described the tensor before rows were dropped or added).
 """
@@ -269,11 +272,51 @@ def _check_row_map(row_id_map) -> None:
             f"{type(row_id_map).__name__}")
 
 
+def _check_one_row_per_token(row_id_map: RowIdMap) -> None:
+    """A quantized unpermute is a move: no token may have two kept rows (their sum would need
+    requantizing).  Static for one slot; else one reduction read back (skipped while capturing
+    a CUDA graph, where the eager call before has checked it)."""
+    rows = row_id_map.rows
+    if row_id_map.slots <= 1 or not rows.numel() or capturing(rows):
+        return
+    most = int((rows >= 0).sum(dim=1).max())
+    require(most <= 1,
+            f"permuted is a QuantizedTensor, so each token may have at most one kept row (a "
+            f"move of codes and scales); row_id_map gives a token {most} rows, whose sum would "
+            f"need requantizing (TE's moe_unpermute forward refuses quantized inputs): route "
+            f"top-1, or dequantize permuted first")
+
+
+def _unpermute_quantized(permuted: QuantizedTensor, row_id_map: RowIdMap, merging_probs,
+                         backend) -> QuantizedTensor:
+    """Unpermute without probs of rowwise codes with their row scales: each token gets its one
+    kept row's codes and scales, or code 0 and scale 1 (a zero row) when it has none."""
+    require(merging_probs is None,
+            "merging_probs must be None when permuted is a QuantizedTensor: weighting and "
+            "summing a token's rows needs requantizing them (TE's moe_unpermute forward "
+            "refuses quantized inputs); dequantize permuted first")
+    rows = _rows_of("permuted", permuted)
+    require(rows.data.shape[0] == row_id_map.num_out_tokens,
+            f"permuted must have row_id_map.num_out_tokens = {row_id_map.num_out_tokens} "
+            f"rows, got {rows.data.shape[0]}")
+    _check_one_row_per_token(row_id_map)
+    device = check_same_device(permuted=rows.data, row_id_map=row_id_map.rows)
+    params = dict(_base_params(rows, device), num_tokens=row_id_map.num_tokens,
+                  slots=row_id_map.slots, num_out_tokens=row_id_map.num_out_tokens,
+                  map_type=row_id_map.map_type.value, with_probs=False)
+    impl = registry.dispatch(Op.MOE_UNPERMUTE, params, backend)
+    out, scale_out = impl.fn(rows.data, row_id_map, merging_probs=None,
+                             scale_inv=rows.scale_inv, scale_fill=_scale_fill(rows))
+    return _rebuild(rows, out, scale_out)
+
+
 def moe_unpermute(permuted, row_id_map: RowIdMap, *, merging_probs=None,
-                  backend: str | None = None) -> torch.Tensor:
+                  backend: str | None = None) -> torch.Tensor | QuantizedTensor:
     """Scatter the permuted rows back to their tokens, summing a token's slots (weighted by
-    ``merging_probs`` when given; module docstring)."""
+    ``merging_probs`` when given); a QuantizedTensor moves instead (module docstring)."""
     _check_row_map(row_id_map)
+    if isinstance(permuted, QuantizedTensor):
+        return _unpermute_quantized(permuted, row_id_map, merging_probs, backend)
     check_tensor("permuted", permuted, ndim=2)
     require(permuted.shape[0] == row_id_map.num_out_tokens,
             f"permuted must have row_id_map.num_out_tokens = {row_id_map.num_out_tokens} "
@@ -281,13 +324,13 @@ def moe_unpermute(permuted, row_id_map: RowIdMap, *, merging_probs=None,
     _check_probs("merging_probs", merging_probs, tuple(row_id_map.rows.shape))
     device = check_same_device(permuted=permuted, row_id_map=row_id_map.rows,
                                merging_probs=merging_probs)
-    params = dict(dtype=permuted.dtype, hidden=permuted.shape[1],
+    params = dict(_base_params(_Rows(permuted, None, None), device),
                   num_tokens=row_id_map.num_tokens, slots=row_id_map.slots,
                   num_out_tokens=row_id_map.num_out_tokens,
-                  map_type=row_id_map.map_type.value, with_probs=merging_probs is not None,
-                  device=registry.device_kind(device))
+                  map_type=row_id_map.map_type.value, with_probs=merging_probs is not None)
     impl = registry.dispatch(Op.MOE_UNPERMUTE, params, backend)
-    return impl.fn(permuted, row_id_map, merging_probs=merging_probs)
+    return impl.fn(permuted, row_id_map, merging_probs=merging_probs, scale_inv=None,
+                   scale_fill=None)[0]
 
 
 def moe_unpermute_bwd(grad_out, row_id_map: RowIdMap, *, permuted=None, merging_probs=None,

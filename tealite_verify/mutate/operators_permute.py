@@ -1,11 +1,13 @@
 """Mutation operators for MoE token permutation: a row off by one, the probs of another slot,
-scales left in place while their codes move, the dropped-token rule reversed (the first rows
-dropped instead of the last), a bf16 merging accumulator, a bf16 probs gradient, the chunk
-order reversed, the alignment doubled.
+scales left in place while their codes move (permute) or taken from the next token
+(unpermute), the dropped-token rule reversed (the first rows dropped instead of the last), a
+bf16 merging accumulator, a bf16 probs gradient, the chunk order reversed, the alignment
+doubled.
 
 torch's implementations (tealite/backends/torch/permute.py): ``moe_permute(x, routing, *,
 map_type, num_experts, num_out_tokens, probs, scale_inv) -> (out, RowIdMap, probs, scales)``,
-``moe_unpermute(permuted, row_id_map, *, merging_probs) -> out``, ``moe_unpermute_bwd(grad_out,
+``moe_unpermute(permuted, row_id_map, *, merging_probs, scale_inv, scale_fill) -> (out,
+scales)`` (scales None unless quantized rows moved), ``moe_unpermute_bwd(grad_out,
 row_id_map, *, permuted, merging_probs) -> (grad_permuted, grad_probs)``,
 ``moe_sort_chunks(x, *, split_sizes, sorted_index, probs, scale_inv)``, ``moe_pad_rows(x, *,
 splits, align, scale_inv, scale_fill)``, ``moe_unpad_rows(x, *, splits, align, scale_inv)``.
@@ -55,7 +57,10 @@ def _drop_first(original):
 
 
 def _bf16_unpermute(fn):
-    def mutated(permuted, row_id_map, *, merging_probs):
+    def mutated(permuted, row_id_map, *, merging_probs, scale_inv, scale_fill):
+        if permuted.dtype not in torch_permute.FLOATS:  # codes move: no accumulator to degrade
+            return fn(permuted, row_id_map, merging_probs=merging_probs, scale_inv=scale_inv,
+                      scale_fill=scale_fill)
         acc = torch.zeros((row_id_map.num_tokens, permuted.shape[1]), dtype=torch.bfloat16)
         for s in range(row_id_map.slots):
             r = row_id_map.rows[:, s].long()
@@ -64,7 +69,7 @@ def _bf16_unpermute(fn):
             if merging_probs is not None:
                 term = term * merging_probs[kept, s:s + 1].float()
             acc[kept] = (acc[kept].float() + term).to(torch.bfloat16)
-        return acc.to(permuted.dtype)
+        return acc.to(permuted.dtype), None
     return mutated
 
 
@@ -90,6 +95,9 @@ for _m in (
              with_params(_probs_rolled("merging_probs"))),
     Mutation("moe_unpermute.bf16_accumulator", "moe_unpermute", "precision",
              "the merging sum accumulated in bf16", _bf16_unpermute),
+    Mutation("moe_unpermute.scales_of_next_token", "moe_unpermute", "layout",
+             "quantized rows: each token's codes right, its scales the next token's",
+             on_output(_rolled, 1)),
     Mutation("moe_unpermute_bwd.probs_of_wrong_slot", "moe_unpermute_bwd", "operand",
              "the gradient scaled by the next slot's prob",
              with_params(_probs_rolled("merging_probs"))),

@@ -144,7 +144,7 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "router_aux_scores_bwd": (lambda r, k: move_tensor(r, k), "grad_logits"),
     "moe_aux_loss_fwd": (lambda r, k: move_tensor(r, k), "aux_loss"),
     "moe_aux_loss_bwd": (lambda r, k: move_tensor(r, k), "grad_probs"),
-    "moe_permute": _at(0, "out"), "moe_unpermute": (lambda r, k: move_tensor(r, k), "out"),
+    "moe_permute": _at(0, "out"), "moe_unpermute": _at(0, "out"),
     "moe_unpermute_bwd": _at(0, "grad_permuted"), "moe_sort_chunks": _at(0, "out"),
     "moe_pad_rows": _at(0, "out"), "moe_unpad_rows": _at(0, "out"),
     "moe_ffn_fwd": (lambda r, k: move_tensor(r, k), "y"),

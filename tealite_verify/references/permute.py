@@ -79,6 +79,16 @@ def unpermute(permuted: np.ndarray, rows: np.ndarray, probs: np.ndarray | None):
     return value, magnitude, terms
 
 
+def unpermute_moved(x: np.ndarray, rows: np.ndarray, fill: float = 0.0) -> np.ndarray:
+    """Unpermute as a move (quantized rows, no merging probs, no token with two kept rows):
+    ``out[t] = x[rows[t, s]]`` for token t's kept slot s, a row of ``fill`` where it has
+    none; element copies, so codes and scales come out bit for bit."""
+    out = np.full((rows.shape[0],) + x.shape[1:], fill, dtype=x.dtype)
+    for t, s in zip(*np.nonzero(rows >= 0)):
+        out[t] = x[rows[t, s]]
+    return out
+
+
 def unpermute_bwd(grad_out: np.ndarray, rows: np.ndarray, num_out_tokens: int,
                   permuted: np.ndarray | None, probs: np.ndarray | None):
     """(grad_permuted, grad_probs, grad_probs_magnitude): the transposed scatter, scaled by

@@ -196,12 +196,23 @@ def permute_reference(x, case):
 # ---- moe_unpermute and its backward -------------------------------------------------------------
 
 @st.composite
-def unpermute_cases(draw, dtype=None, size="ci"):
+def unpermute_bwd_cases(draw, dtype=None, size="ci"):
     case = draw(strat.permute_routing(size))
     rows = draw(strat.permute_rows(dtype, size, quantized=False))
     case.update(rows, shape=[case.pop("tokens"), rows.pop("hidden")])
     case.pop("hidden", None)
     case["with_probs"] = draw(st.booleans())
+    return case
+
+
+@st.composite
+def unpermute_cases(draw, dtype=None, size="ci"):
+    """As the backward's, and sometimes quantized rows (codes with their scales): unpermuted
+    without probs and routed top-1, the case where that is a move (tealite/ops/permute.py)."""
+    case = draw(unpermute_bwd_cases(dtype, size))
+    if draw(st.integers(0, 3)) == 0:
+        case.update(quant=draw(st.sampled_from(strat.PERMUTE_QUANT)),
+                    fmt=draw(st.sampled_from(("e4m3", "e5m2"))), topk=1, with_probs=False)
     return case
 
 
@@ -225,14 +236,18 @@ def row_id_map_of(inputs, case) -> RowIdMap:
 
 def unpermute_inputs(case, device) -> dict:
     inputs = _map_inputs(case, device)
+    if case.get("quant") is not None:  # the permuted codes and scales
+        return dict(inputs, **_rows_inputs(case, device, rows=inputs["num_out"]))
     inputs["permuted"] = generate(case["dist"], [inputs["num_out"], case["shape"][1]],
                                   dtype_of(case["dtype"]), case["seed"], device)
     return inputs
 
 
 def unpermute_call(inputs, case, backend):
-    return {"out": tealite.moe_unpermute(inputs["permuted"], row_id_map_of(inputs, case),
-                                         merging_probs=inputs.get("probs"), backend=backend)}
+    permuted = rows_arg(inputs, case) if case.get("quant") is not None else inputs["permuted"]
+    return rows_outputs(tealite.moe_unpermute(permuted, row_id_map_of(inputs, case),
+                                              merging_probs=inputs.get("probs"),
+                                              backend=backend))
 
 
 def _prob_scale(probs):
@@ -241,6 +256,8 @@ def _prob_scale(probs):
 
 def unpermute_reference(x, case):
     rows = x["rows"].astype(np.int64)
+    if case.get("quant") is not None:
+        return _rows_expected(x, case, lambda a, fill: ref.unpermute_moved(a, rows, fill))
     probs = x.get("probs")
     value, mag, terms = ref.unpermute(x["permuted"], rows, probs)
     out_dt = dtype_of(case["dtype"])
@@ -398,6 +415,18 @@ _QUANT_SMOKE = (
     _route("index", 8, 4, 1, 48, "float32", quant="row", fmt="e4m3"),
     _route("mask", 8, 4, 2, 16, "float32", quant="tensor", fmt="e5m2"),
 )
+# Quantized unpermute: top-1, no probs (a move); tokens routed to nobody and dropped rows
+# get a zero row (code 0, scale 1).
+_UNPERMUTE_QUANT_SMOKE = (
+    _route("mask", 10, 4, 1, 160, "float32", quant="block", fmt="e4m3", drop=3,
+           with_probs=False),
+    _route("index", 6, 3, 1, 64, "float32", quant="mx", fmt="e5m2", with_probs=False),
+    _route("mask", 5, 3, 1, 70, "float32", quant="mx-fp4", fmt="e4m3", nobody=0.4,
+           with_probs=False),
+    _route("index", 8, 4, 1, 48, "float32", quant="row", fmt="e4m3", drop=2,
+           with_probs=False),
+    _route("mask", 8, 4, 1, 16, "float32", quant="tensor", fmt="e5m2", with_probs=False),
+)
 _SPLIT_SMOKE = (
     _split([3, 0, 5, 17], 40, 16, [2, 0, 3, 1]),
     _split([0, 0], 16, 128, [1, 0], "float16"),
@@ -414,8 +443,9 @@ for _spec in (
     OpSpec(Op.MOE_PERMUTE, "permute", permute_cases, permute_inputs, permute_call,
            permute_reference, smoke_cases=_ROUTE_SMOKE + _QUANT_SMOKE, coverage=_COVERAGE),
     OpSpec(Op.MOE_UNPERMUTE, "permute", unpermute_cases, unpermute_inputs, unpermute_call,
-           unpermute_reference, smoke_cases=_ROUTE_SMOKE, coverage=_COVERAGE),
-    OpSpec(Op.MOE_UNPERMUTE_BWD, "permute", unpermute_cases, unpermute_bwd_inputs,
+           unpermute_reference, smoke_cases=_ROUTE_SMOKE + _UNPERMUTE_QUANT_SMOKE,
+           coverage=_COVERAGE),
+    OpSpec(Op.MOE_UNPERMUTE_BWD, "permute", unpermute_bwd_cases, unpermute_bwd_inputs,
            unpermute_bwd_call, unpermute_bwd_reference, smoke_cases=_ROUTE_SMOKE,
            coverage=_COVERAGE),
     OpSpec(Op.MOE_SORT_CHUNKS, "permute", split_cases, sort_inputs, sort_call, sort_reference,

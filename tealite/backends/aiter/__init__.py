@@ -21,7 +21,8 @@ backend does not count (it has no HIP ops).
 Version awareness: on first use every entry point in :data:`ENTRY_POINTS` is looked up on the
 imported package; one that is absent is listed in ``runtime().missing`` with the reason, and
 every case that needs it is rejected with that reason (:func:`why_missing`), never routed to
-another path.  Each family module (qgemm, quantize, norms, fused, activations, attention) declares the
+another path.  Each family module (qgemm, quantize, norms, fused, activations, attention, moe,
+grouped_gemm) declares the
 contract of every entry point it calls (:mod:`tealite.backends.aiter_common.contracts`) and
 reports the entry point in the numerics of each case (``"entry_point"``).  Importing this
 package never imports AITER.
@@ -67,6 +68,8 @@ ENTRY_POINTS: dict[str, str] = {
     "mha_varlen_fwd": "aiter/ops/mha.py",
     "mha_varlen_bwd": "aiter/ops/mha.py",
     "fused_moe": "aiter/fused_moe.py",
+    "moe_sorting_fwd": "aiter/ops/moe_sorting.py",  # issue 16: CK grouped GEMM (stage 2)
+    "ck_moe_stage2_fwd": "aiter/ops/moe_op.py",
     "partial_transpose": "aiter/ops/quant.py",  # issue 17: transpose
 }
 
@@ -241,7 +244,7 @@ BACKEND_BPRESHUFFLE = register_backend(Backend(
 # Every family module registers its implementations on BACKEND when imported.  They are
 # imported by name, as the registry imports the backends: the package never imports its
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
-FAMILIES = ("activations", "attention", "fused", "moe", "norms", "qgemm", "quantize",
-            "transpose")
+FAMILIES = ("activations", "attention", "fused", "grouped_gemm", "moe", "norms", "qgemm",
+            "quantize", "transpose")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")

@@ -2,8 +2,9 @@
 
 Every data-movement op is one row gather by a source-row vector (-1: a fill row), done on the
 bit patterns (a same-width integer view) so FP8 codes, packed FP4 bytes and E8M0 scales move
-unchanged.  The merging sum of unpermute runs in fp32 over the slots in slot order (fp32
-products, no FMA), rounded once; the probs gradient is torch's fp32 row sum.
+unchanged; so is a quantized unpermute (one kept row per token).  The merging sum of
+unpermute runs in fp32 over the slots in slot order (fp32 products, no FMA), rounded once;
+the probs gradient is torch's fp32 row sum.
 """
 from __future__ import annotations
 
@@ -81,8 +82,20 @@ def _slot_rows(row_map: RowIdMap, s: int):
     return r, r >= 0
 
 
-@BACKEND.implements(Op.MOE_UNPERMUTE, dtypes=FLOATS, numerics=_NUMERICS)
-def moe_unpermute(permuted, row_id_map, *, merging_probs):
+def token_rows(row_map: RowIdMap) -> torch.Tensor:
+    """int64 (num_tokens,): each token's kept row, -1 where it has none (the front end allows
+    a quantized unpermute only where no token has two, so the largest is the one)."""
+    if row_map.slots == 0:
+        return torch.full((row_map.num_tokens,), -1, dtype=torch.int64,
+                          device=row_map.rows.device)
+    return row_map.rows.to(torch.int64).amax(dim=1)
+
+
+@BACKEND.implements(Op.MOE_UNPERMUTE, dtypes=MOVABLE, numerics=_NUMERICS)
+def moe_unpermute(permuted, row_id_map, *, merging_probs, scale_inv, scale_fill):
+    if permuted.dtype not in FLOATS:  # codes (with row scales): moved, never summed
+        src = token_rows(row_id_map)
+        return gather_rows(permuted, src), gather_rows(scale_inv, src, scale_fill)
     n, h = row_id_map.num_tokens, permuted.shape[1]
     acc = torch.zeros((n, h), dtype=torch.float32, device=permuted.device)
     for s in range(row_id_map.slots):
@@ -93,7 +106,7 @@ def moe_unpermute(permuted, row_id_map, *, merging_probs):
         if merging_probs is not None:
             term = term * merging_probs[kept, s:s + 1].float()
         acc[kept] += term
-    return acc.to(permuted.dtype)
+    return acc.to(permuted.dtype), None
 
 
 @BACKEND.implements(Op.MOE_UNPERMUTE_BWD, dtypes=FLOATS, numerics=_NUMERICS)

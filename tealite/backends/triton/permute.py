@@ -7,8 +7,9 @@ Three kernels:
   map stores nothing); the permuted probs and row-indexed scales go through the same kernel
   as one-column rows.  Every token is read once and every copy written once, what a copy
   costs, so the kernel is bandwidth bound (benchmarks/test_bench_permute.py).
-* ``_gather_rows_kernel`` (sort-chunks, pad, unpad): one program per tile of output rows
-  copies their source rows, or writes the fill pattern where the source is -1.
+* ``_gather_rows_kernel`` (sort-chunks, pad, unpad, and unpermute of quantized rows, one
+  kept row per token): one program per tile of output rows copies their source rows, or
+  writes the fill pattern where the source is -1.
 * ``_unpermute_kernel``: one program per tile of tokens sums each token's kept slots in slot
   order in fp32 (``acc + x * p``: the compiler may contract it into an FMA, which
   tiers/permute_sum.py's gamma_k covers).  ``_unpermute_bwd_kernel`` (with merging probs; a
@@ -90,10 +91,14 @@ def _scatter_rows_kernel(x_ptr, rows_ptr, out_ptr, N, H, SLOTS, stride_x, stride
 
 
 @triton.jit
-def _gather_rows_kernel(x_ptr, src_ptr, out_ptr, N, H, fill, stride_x, stride_o,
+def _gather_rows_kernel(x_ptr, src_ptr, out_ptr, N, H, SLOTS, fill, stride_x, stride_o,
                         BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
     i, cols, i_ok, c_ok = _tile(tl.program_id(0), tl.program_id(1), N, H, BLOCK_R, BLOCK_H)
-    r = tl.load(src_ptr + i, mask=i_ok, other=-1).to(tl.int64)
+    # Output row i's source: the largest of its SLOTS entries (-1 but at most one: a
+    # quantized unpermute's row-id map row; one entry for every other gather).
+    r = tl.full((BLOCK_R,), -1, tl.int64)
+    for s in range(0, SLOTS):
+        r = tl.maximum(r, tl.load(src_ptr + i * SLOTS + s, mask=i_ok, other=-1).to(tl.int64))
     m = i_ok[:, None] & c_ok[None, :]
     got = (r >= 0)[:, None]
     v = tl.load(x_ptr + tl.maximum(r, 0)[:, None] * stride_x + cols[None, :], mask=m & got,
@@ -272,20 +277,26 @@ def _fill_bits(dtype: torch.dtype, fill: float) -> int:
     return int(_bits(torch.tensor([fill], dtype=dtype))[0])
 
 
-def _gather(x: torch.Tensor | None, src: list[int], fill: float = 0.0):
-    """out[i] = x[src[i]], or ``fill`` where src[i] == -1, bit for bit."""
+def _gather(x: torch.Tensor | None, src, fill: float = 0.0):
+    """out[i] = x[src[i]], or ``fill`` where src[i] == -1, bit for bit.  ``src``: host ints,
+    or a device (n, slots) int tensor whose row i holds output row i's source among -1s (a
+    row-id map)."""
     if x is None:
         return None
-    out = torch.empty((len(src),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    n, slots = (len(src), 1) if isinstance(src, list) else tuple(src.shape)
+    out = torch.empty((n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     h = x.shape[1] if x.dim() > 1 else 1
-    if src and h:
+    if n and h and slots:
         xb = _bits(x.contiguous()).reshape(-1, h)
         ob = _bits(out).reshape(-1, h)
-        s = torch.tensor(src, dtype=torch.int64, device=x.device)
+        s = torch.tensor(src, dtype=torch.int64, device=x.device) if isinstance(src, list) \
+            else src.contiguous()
         br, bh = _blocks(h)
-        grid = (_cdiv(len(src), br), _cdiv(h, bh))
-        _gather_rows_kernel[grid](xb, s, ob, len(src), h, _fill_bits(x.dtype, fill),
+        grid = (_cdiv(n, br), _cdiv(h, bh))
+        _gather_rows_kernel[grid](xb, s, ob, n, h, slots, _fill_bits(x.dtype, fill),
                                   xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
+    elif n and h:  # no slots: every row is a fill row
+        _bits(out).fill_(_fill_bits(x.dtype, fill))
     return out
 
 
@@ -307,8 +318,11 @@ def _is_bf16(t) -> bool:
     return t is not None and t.dtype == torch.bfloat16
 
 
-@BACKEND.implements(Op.MOE_UNPERMUTE, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
-def moe_unpermute(permuted, row_id_map, *, merging_probs):
+@BACKEND.implements(Op.MOE_UNPERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
+def moe_unpermute(permuted, row_id_map, *, merging_probs, scale_inv, scale_fill):
+    if permuted.dtype not in FLOATS:  # codes (with row scales): moved, never summed
+        rows = row_id_map.rows
+        return _gather(permuted, rows), _gather(scale_inv, rows, scale_fill)
     n, h = row_id_map.num_tokens, permuted.shape[1]
     out = torch.empty((n, h), dtype=permuted.dtype, device=permuted.device)
     if n and h:
@@ -322,7 +336,7 @@ def moe_unpermute(permuted, row_id_map, *, merging_probs):
                                 WITH_PROBS=merging_probs is not None,
                                 IS_BF16=_is_bf16(x), PROBS_BF16=_is_bf16(merging_probs),
                                 BLOCK_R=br, BLOCK_H=bh)
-    return out
+    return out, None
 
 
 @BACKEND.implements(Op.MOE_UNPERMUTE_BWD, dtypes=FLOATS, devices=DEVICES, numerics=_NUMERICS)
