@@ -14,6 +14,8 @@ import), and renaming or inlining one breaks the mutation suite, not just this f
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tealite.backends._pad import pad_end
@@ -27,6 +29,19 @@ from tealite.types import Op, QuantizedTensor
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _F32_MANT = 23
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+@functools.lru_cache(maxsize=None)
+def _e2m1_values_on(device: torch.device) -> torch.Tensor:
+    """E2M1_VALUES on ``device``, copied once: a host-to-device copy inside a CUDA graph
+    capture is an error (an H100 graph-replay fuzz of MXFP4 grouped_qgemm), and the eager
+    call before a capture fills this cache."""
+    return E2M1_VALUES.to(device)
+
+
+def _f32(value: float, device) -> torch.Tensor:
+    """A float32 scalar made on ``device`` by a fill (no host copy: CUDA-graph safe)."""
+    return torch.full((), value, dtype=torch.float32, device=device)
 
 
 def _clamp(v: torch.Tensor, fmax: float) -> torch.Tensor:
@@ -64,7 +79,7 @@ def fp8_cast_ties_away(v: torch.Tensor, fmt) -> torch.Tensor:
 
 def e2m1_codes(v: torch.Tensor, rounding: ElementRounding) -> torch.Tensor:
     """4-bit E2M1 codes (uint8) of fp32 values already scaled into range (saturating)."""
-    values = E2M1_VALUES.to(v.device)
+    values = _e2m1_values_on(v.device)
     a = v.abs().clamp(max=6.0)
     mids = (values[1:] + values[:-1]) / 2
     # Index of the largest value not above a midpoint-decision: count midpoints below a.
@@ -96,7 +111,7 @@ def _unpack_nibbles(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
-    mag = E2M1_VALUES.to(codes.device)[(codes & 0x7).long()]
+    mag = _e2m1_values_on(codes.device)[(codes & 0x7).long()]
     return torch.where((codes & 0x8) != 0, -mag, mag)
 
 
@@ -104,7 +119,7 @@ def _e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 def _te_scale(amax: torch.Tensor, fmt, force_pow2: bool, eps: float) -> torch.Tensor:
     a = torch.clamp(amax, min=eps) if eps > 0 else amax
-    scale = torch.tensor(fmt.max, dtype=torch.float32, device=a.device) / a
+    scale = _f32(fmt.max, a.device) / a
     scale = torch.where(torch.isinf(scale), torch.finfo(torch.float32).max, scale)
     scale = torch.where((a == 0) | ~torch.isfinite(a), torch.ones_like(scale), scale)
     if force_pow2:
@@ -139,8 +154,7 @@ def _aiter_fp8(x32: torch.Tensor, recipe):
     scale_inv)), all in fp32 with no special cases (amax 0 -> NaN codes)."""
     fmt = get_format(recipe.fmt)
     per_row = recipe.scale_granularity is Granularity.ROW
-    s_inv = _aiter_amax(x32, per_row) / torch.tensor(fmt.max, dtype=torch.float32,
-                                                     device=x32.device)
+    s_inv = _aiter_amax(x32, per_row) / _f32(fmt.max, x32.device)
     recip = torch.reciprocal(s_inv)  # IEEE on the CPU and on CUDA / ROCm (no fast-math)
     v = x32 * (recip.unsqueeze(1) if per_row else recip)
     codes = fp8_cast_rne(v, fmt)
@@ -380,8 +394,8 @@ def amax(x):
 def delayed_scaling_update(history, scale, recipe):
     fmt = get_format(recipe.fmt)
     amax = history[:1] if recipe.amax_compute_algo == "most_recent" else history.max().reshape(1)
-    new = torch.tensor([fmt.max], dtype=torch.float32, device=history.device) / amax
-    new = new / torch.tensor([2.0 ** recipe.margin], dtype=torch.float32, device=history.device)
+    new = _f32(fmt.max, history.device).reshape(1) / amax
+    new = new / _f32(2.0 ** recipe.margin, history.device)
     keep = ~(amax > 0) | ~torch.isfinite(amax)
     new_scale = torch.where(keep, scale, new)
     new_history = torch.roll(history, -1, 0)
