@@ -18,6 +18,7 @@ Kernels in this package import from here.  Stable API (other kernels call these)
   boundary on the GPU) with ~5 instructions per element instead of ~30.
 * ``_encode_fp4(v, TIES_AWAY)`` -> int32 E2M1 codes (low 4 bits), saturating;
   ``_encode_fp4_arith(v)`` the same RNE codes by fp32 arithmetic (fewer instructions).
+* ``_into_word(word, codes, j, BITS)`` -> a 32-bit word of codes of the packed cast-transposes.
 * ``_tile_ids(pid, tiles_m, tiles_n, GROUP_M)`` -> (pid_m, pid_n) of a tiled 2-D launch,
   row-major (GROUP_M 1) or grouped by GROUP_M tile rows (cast-transpose DRAM locality).
 * ``_te_scale(amax, fmax, eps, POW2)`` -> TE's fp32 scale from an amax.
@@ -254,6 +255,14 @@ def _tile_ids(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
         pid_n = (pid % per_group) // group_rows
     return pid_m, pid_n
 
+
+
+@triton.jit
+def _into_word(word, codes, j, BITS: tl.constexpr):
+    """``word`` (int32) with the uint8 ``codes`` of sub-tile ``j`` in bits [j*BITS, (j+1)*BITS):
+    the packed cast-transposes (quantize.py, quantize_mx.py) build a row of x.T as 32-bit
+    words, codes in little-endian byte (nibble) order, as the byte layout has them."""
+    return word | (codes.to(tl.int32) << (j * BITS))
 
 # ---- MX (E8M0 block scales) ------------------------------------------------------------------
 

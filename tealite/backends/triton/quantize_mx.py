@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp4_arith,
-                                             _encode_fp8_rounded,
+                                             _encode_fp8_rounded, _into_word,
                                              _fmt_constants, _mag_max, _mx_descale,
                                              _mx_scale_constants,
                                              _tile_ids, hw_fp8)
@@ -168,13 +168,6 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
         _store_codes(qt_ptr, tl.trans(codes), cols, pid_m * BM, K, M, qt_row_bytes, FP4, BN,
                      BM)
         _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM)
-
-
-@triton.jit
-def _into_word(word, codes, j, BITS: tl.constexpr):
-    """``word`` (int32) with the uint8 ``codes`` of sub-tile ``j`` in bits [j*BITS, (j+1)*BITS):
-    the little-endian byte (nibble) order of the codes along a row of x.T."""
-    return word | (codes.to(tl.int32) << (j * BITS))
 
 
 @triton.jit
