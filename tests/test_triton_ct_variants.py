@@ -1,0 +1,287 @@
+"""The faster cast-transpose variants behind ``VARIANTS`` (quantize.py, quantize_mx.py) give the
+default kernels' bits, through Triton's interpreter in CI and cross-compiled for the GPUs.
+
+* ``_codecs._encode_fp4_arith`` (E2M1 RNE by one fp32 addition) equals the comparison ladder
+  on every fp32 bit pattern in the deciding range [2^-3, 2^3), on every exponent field with
+  both signs, NaN and Inf, and ml_dtypes' float4_e2m1fn on the non-NaN ones.  (Offline the
+  same formula in numpy was checked on all 2^32 patterns: docs/benchmarks.md.)
+* Every variant writes the same bits as the default on hostile inputs (specials, ties of the
+  E2M1 / FP8 grids, random bit patterns, partial tiles, M not a multiple of the word size,
+  which falls back to the default kernel), and the packed kernels really run.
+* A seeded packing or rounding bug is caught by the same comparison.
+* The variants compile for sm_90 and gfx942 (CI has no GPU: cross-compiled).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import tealite
+from tealite import recipes as R
+
+from _helpers_cross_compile import compiled_json
+from _helpers_triton_quantize import DEV, needs_triton
+
+pytestmark = needs_triton
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+from tealite.backends.triton import _codecs as C  # noqa: E402
+from tealite.backends.triton import quantize as TQ  # noqa: E402
+from tealite.backends.triton import quantize_mx as TQMX  # noqa: E402
+
+_SWEEP = 1 << 20  # bit patterns per program of the exhaustive sweep
+
+
+# ---- the arithmetic E2M1 encoder ----------------------------------------------------------------
+
+@triton.jit
+def _fp4_mismatch_kernel(out_ptr, first, BLOCK: tl.constexpr):
+    """Per program: how many of the fp32 patterns first + pid * BLOCK + [0, BLOCK) the two
+    E2M1 encoders code differently (no input tensor: the patterns are the offsets)."""
+    bits = first + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = bits.to(tl.float32, bitcast=True)
+    differ = C._encode_fp4_arith(v) != C._encode_fp4(v, False)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(differ.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _fp4_codes_kernel(v_ptr, o_ptr, n, ARITH: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(v_ptr + offs, mask=m, other=0.0)
+    code = C._encode_fp4_arith(v) if ARITH else C._encode_fp4(v, False)
+    tl.store(o_ptr + offs, code, mask=m)
+
+
+def test_arith_e2m1_equals_the_ladder_on_every_fp32_in_the_deciding_range():
+    """Every positive pattern from 2^-3 (below it both give 0: |v| < 0.25) to 2^3 (above it
+    both saturate): all 6 binades, 2^23 mantissas each."""
+    first, last = 0x3E000000, 0x41000000  # 0.125, 8.0
+    grid = (last - first) // _SWEEP
+    out = torch.zeros(grid, dtype=torch.int32, device=DEV)
+    _fp4_mismatch_kernel[(grid,)](out, first, BLOCK=_SWEEP)
+    assert grid * _SWEEP == last - first and int(out.sum()) == 0
+
+
+def _every_exponent_both_signs() -> np.ndarray:
+    mants = np.array([0, 1, 2, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFF, 0x1FFFFF, 0x200000,
+                      0x200001, 0x5FFFFF, 0x600000, 0x600001, 0x123456], np.uint32)
+    pos = (np.arange(256, dtype=np.uint32)[:, None] << 23 | mants[None, :]).reshape(-1)
+    return np.concatenate([pos, pos | 0x80000000]).view(np.float32)
+
+
+def test_arith_e2m1_keeps_signs_specials_and_matches_ml_dtypes():
+    v = _every_exponent_both_signs()
+    n = v.size
+    codes = []
+    for arith in (True, False):
+        o = torch.empty(n, dtype=torch.int32, device=DEV)
+        _fp4_codes_kernel[(triton.cdiv(n, 1024),)](torch.from_numpy(v).to(DEV), o, n,
+                                                   ARITH=arith, BLOCK=1024)
+        codes.append(o.cpu().numpy())
+    arith, ladder = codes
+    assert np.array_equal(arith, ladder), v[arith != ladder][:8]
+    finite = ~np.isnan(v)
+    want = v[finite].astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    assert np.array_equal(arith[finite], want.astype(np.int32))
+    assert set(arith[np.isnan(v)].tolist()) == {0b0000, 0b1000}  # the ladder's NaN codes
+
+
+# ---- the kernels: every variant gives the default bits -------------------------------------------
+
+_TIES = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0], np.float32)
+
+
+def _hostile(m: int, k: int, seed: int = 0) -> torch.Tensor:
+    """bf16 (m, k): normals over 60 binades by row, E2M1 ties and codes at random powers of
+    two, 3 % raw bit patterns (NaN payloads, subnormals, Inf), and the specials in row 0."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-30, 30, (m, 1), generator=g)
+                                                     .float())
+    ties = torch.from_numpy(_TIES)[torch.randint(0, _TIES.size, (m, k), generator=g)]
+    ties = ties * torch.exp2(torch.randint(-3, 4, (m, 1), generator=g).float())
+    x = torch.where(torch.rand(m, k, generator=g) < 0.3, ties, x).to(torch.bfloat16)
+    raw = torch.randint(0, 1 << 16, (m, k), generator=g, dtype=torch.int32).to(torch.int16)
+    x = torch.where(torch.rand(m, k, generator=g) < 0.03, raw.view(torch.bfloat16), x)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40,
+                             -1e-40, 448.0])
+    x[0, :min(k, 8)] = specials[:min(k, 8)].to(torch.bfloat16)
+    return x
+
+
+def _bits(q) -> list:
+    return [None if t is None else t.contiguous().view(torch.uint8).clone() for t in
+            (q.data, q.scale_inv, q.columnwise_data, q.columnwise_scale_inv, q.amax)]
+
+
+def _same(a, b) -> bool:
+    return all((u is None) == (w is None) and (u is None or torch.equal(u, w))
+               for u, w in zip(a, b))
+
+
+class _Spy:
+    """Counts the launches of a jit kernel (``kernel[grid](...)``) and runs them."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+_MX = {"mxfp8": R.MXFP8BlockScaling("e4m3"), "mxfp8-e5m2-floor": R.MXFP8BlockScaling("e5m2", "floor"),
+       "mxfp4": R.MXFP4BlockScaling(),
+       "mxfp4-ties-away": R.MXFP4BlockScaling("even", "ties_away")}
+# (M, K): whole tiles, partial tiles and blocks (pad), M not a multiple of 8 (FP4 falls back).
+_MX_SHAPES = [(64, 96), (96, 64), (72, 40), (36, 64)]
+
+
+def _mx_variants(name):
+    """The variants that change the kernel for this recipe (the arithmetic encoder is RNE
+    e2m1 only; elsewhere it is the ladder, covered by the packed-only run)."""
+    if name == "mxfp4":
+        return [{"ct": "packed"}, {"e2m1": "arith"}, {"ct": "packed", "e2m1": "arith"}]
+    return [{"ct": "packed"}]
+
+
+@pytest.mark.parametrize("rowwise", [True, False], ids=["ct", "col-only"])
+@pytest.mark.parametrize("name", sorted(_MX))
+def test_mx_variants_give_the_default_bits(name, rowwise, monkeypatch):
+    recipe = _MX[name]
+    spy = _Spy(TQMX._mx_ct_packed_kernel)
+    monkeypatch.setattr(TQMX, "_mx_ct_packed_kernel", spy)
+    word = 8 if recipe.fmt == "e2m1" else 4
+    for shape in _MX_SHAPES:
+        x = _hostile(*shape).to(DEV)
+        quant = lambda: tealite.quantize(x, recipe, rowwise=rowwise, columnwise=True,  # noqa: E731
+                                         pad=True, backend="triton")
+        want = _bits(quant())
+        for variant in _mx_variants(name):
+            monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, **variant))
+            before = spy.launches
+            assert _same(_bits(quant()), want), (shape, variant)
+            packed = variant.get("ct") == "packed" and shape[0] % word == 0
+            assert spy.launches - before == int(packed), (shape, variant)
+            monkeypatch.setattr(TQMX, "VARIANTS", {"ct": "trans", "e2m1": "ladder"})
+
+
+def test_arith_e2m1_rowwise_gives_the_default_bits(monkeypatch):
+    x = _hostile(64, 160).to(DEV)
+    recipe = R.MXFP4BlockScaling()
+    want = _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=False, backend="triton"))
+    monkeypatch.setitem(TQMX.VARIANTS, "e2m1", "arith")
+    got = _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=False, backend="triton"))
+    assert _same(got, want)
+
+
+_TENSOR = {"delayed-e4m3": R.DelayedScaling("e4m3"), "delayed-e5m2": R.DelayedScaling("e5m2"),
+           "current-e4m3": R.Float8CurrentScaling("e4m3")}
+
+
+@pytest.mark.parametrize("name", sorted(_TENSOR))
+def test_per_tensor_packed_gives_the_default_bits(name, monkeypatch):
+    recipe = _TENSOR[name]
+    spy = _Spy(TQ._cast_transpose_tensor_packed_kernel)
+    monkeypatch.setattr(TQ, "_cast_transpose_tensor_packed_kernel", spy)
+    scale = torch.full((1,), 3.0, device=DEV) if isinstance(recipe, R.DelayedScaling) else None
+    for shape, rowwise in [((64, 96), True), ((100, 130), True), ((36, 64), False),
+                           ((37, 64), True), ((8, 0), True)]:
+        x = _hostile(max(shape[0], 8), max(shape[1], 8))[:shape[0], :shape[1]].to(DEV)
+        quant = lambda: tealite.quantize(x, recipe, rowwise=rowwise, columnwise=True,  # noqa: E731
+                                         scale=scale, backend="triton")
+        want = _bits(quant())
+        monkeypatch.setitem(TQ.VARIANTS, "ct", "packed")
+        before = spy.launches
+        assert _same(_bits(quant()), want), shape
+        assert spy.launches - before == int(shape[0] % 4 == 0), shape
+        monkeypatch.setitem(TQ.VARIANTS, "ct", "trans")
+
+
+# ---- the comparison catches what it should ------------------------------------------------------
+
+@triton.jit
+def _into_word_reversed(word, codes, j, BITS: tl.constexpr):
+    return word | (codes.to(tl.int32) << ((32 // BITS - 1 - j) * BITS))
+
+
+@triton.jit
+def _fp4_ties_away(v):
+    return C._encode_fp4(v, True)
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="patches jit helpers: only the interpreter re-reads them")
+@pytest.mark.parametrize("module, helper, bad, recipe", [
+    (TQMX, "_into_word", _into_word_reversed, R.MXFP8BlockScaling("e4m3")),
+    (TQMX, "_into_word", _into_word_reversed, R.MXFP4BlockScaling()),
+    (TQ, "_into_word", _into_word_reversed, R.DelayedScaling("e4m3")),
+    (TQMX, "_encode_fp4_arith", _fp4_ties_away, R.MXFP4BlockScaling()),
+], ids=["mxfp8-word-order", "mxfp4-nibble-order", "tensor-word-order", "e2m1-ties-away"])
+def test_a_seeded_variant_bug_is_caught(module, helper, bad, recipe, monkeypatch):
+    x = _hostile(64, 64).to(DEV)
+    scale = torch.full((1,), 3.0, device=DEV) if isinstance(recipe, R.DelayedScaling) else None
+    quant = lambda: _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=True,  # noqa: E731
+                                           scale=scale, backend="triton"))
+    want = quant()
+    monkeypatch.setattr(module, "VARIANTS", {"ct": "packed", "e2m1": "arith"})
+    assert _same(quant(), want)
+    monkeypatch.setattr(module, helper, bad)
+    assert not _same(quant(), want)
+
+
+# ---- compiled for the GPUs (CI has none: cross-compiled) ----------------------------------------
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tealite.backends.triton import quantize as TQ, quantize_mx as TQMX
+from tealite.backends.triton._codecs import (_fmt_constants, _mx_scale_constants,
+                                             _overflow_constants)
+from tealite.formats import get_format
+
+def build(kernel, consts, ptrs, target, warps):
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in ("fmax", "eps")
+                                                       else "i32") for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if sig[n] not in ("constexpr", "fp32")}
+    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget(*target),
+                       options=dict(num_warps=warps))
+    return len(k.asm["cubin" if target[0] == "cuda" else "hsaco"])
+
+def mx(name, mode, kernel, extra):
+    fmt = get_format(name)
+    c = dict(_fmt_constants(fmt), **_mx_scale_constants(name, mode), ROW=True, FP4=fmt.packed,
+             TIES_AWAY=False, X_BF16=True, HW_FP8=False, BM=64, BN=64, GROUP_M=1,
+             FP4_ARITH=fmt.packed, **extra)
+    return kernel, c, dict(x_ptr="*i16", qt_ptr="*i32" if "COL" not in extra else "*u8")
+
+def tensor():
+    fmt = get_format("e4m3")
+    c = dict(_fmt_constants(fmt), **_overflow_constants(fmt), ROW=True, GIVEN=True, POW2=False,
+             SATURATE=True, X_BF16=True, HW_FP8=False, BM=64, BN=128, GROUP_M=1)
+    k = TQ._cast_transpose_tensor_packed_kernel
+    ptrs = {n: "*fp32" for n in k.arg_names if n.endswith("_ptr")}
+    return k, c, dict(ptrs, x_ptr="*i16", q_ptr="*u8", qt_ptr="*i32")
+
+cases = {"mxfp8-packed": mx("e4m3", "rceil", TQMX._mx_ct_packed_kernel, {}),
+         "mxfp4-packed-arith": mx("e2m1", "floor", TQMX._mx_ct_packed_kernel, {}),
+         "mxfp4-arith": mx("e2m1", "floor", TQMX._mx_cast_kernel, dict(COL=True)),
+         "tensor-packed": tensor()}
+out = {}
+for name, (kernel, consts, ptrs) in cases.items():
+    ptrs = {n: ptrs.get(n, "*u8") for n in kernel.arg_names if n.endswith("_ptr")}
+    for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
+        out[f"{name}-{target[1]}"] = build(kernel, consts, ptrs, target, 2)
+json.dump(out, sys.stdout)
+"""
+
+
+def test_variants_compile_for_sm90_and_gfx942():
+    sizes = compiled_json(_COMPILE)
+    assert len(sizes) == 8 and all(sizes.values()), sizes
