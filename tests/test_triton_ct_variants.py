@@ -10,6 +10,7 @@ default kernels' bits, through Triton's interpreter in CI and cross-compiled for
   which falls back to the default kernel), and the packed kernels really run.
 * A seeded packing or rounding bug is caught by the same comparison.
 * The variants compile for sm_90 and gfx942 (CI has no GPU: cross-compiled).
+* Per-tensor FP8, 1x128 blocks, MXFP8 and MXFP4 all have a packed variant.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ tl = triton.language
 
 from tealite.backends.triton import _codecs as C  # noqa: E402
 from tealite.backends.triton import quantize as TQ  # noqa: E402
+from tealite.backends.triton import quantize_block as TQB  # noqa: E402
 from tealite.backends.triton import quantize_mx as TQMX  # noqa: E402
 
 _SWEEP = 1 << 20  # bit patterns per program of the exhaustive sweep
@@ -138,7 +140,7 @@ _MX = {"mxfp8": R.MXFP8BlockScaling("e4m3"), "mxfp8-e5m2-floor": R.MXFP8BlockSca
        "mxfp4": R.MXFP4BlockScaling(),
        "mxfp4-ties-away": R.MXFP4BlockScaling("even", "ties_away")}
 # (M, K): whole tiles, partial tiles and blocks (pad), M not a multiple of 8 (FP4 falls back).
-_MX_SHAPES = [(64, 96), (96, 64), (72, 40), (36, 64)]
+_MX_SHAPES = [(64, 96), (72, 40), (36, 64)]
 
 
 def _mx_variants(name):
@@ -179,27 +181,37 @@ def test_arith_e2m1_rowwise_gives_the_default_bits(monkeypatch):
     assert _same(got, want)
 
 
-_TENSOR = {"delayed-e4m3": R.DelayedScaling("e4m3"), "delayed-e5m2": R.DelayedScaling("e5m2"),
-           "current-e4m3": R.Float8CurrentScaling("e4m3")}
+_FP8 = {  # name: (recipe, module of the variant, its packed kernel)
+    "delayed-e4m3": (R.DelayedScaling("e4m3"), TQ, "_cast_transpose_tensor_packed_kernel"),
+    "delayed-e5m2": (R.DelayedScaling("e5m2"), TQ, "_cast_transpose_tensor_packed_kernel"),
+    "current-e4m3": (R.Float8CurrentScaling("e4m3"), TQ, "_cast_transpose_tensor_packed_kernel"),
+    "block1x128-pow2": (R.Float8BlockScaling("e4m3", (1, 128)), TQB, "_block_ct_packed_kernel"),
+    "block1x128-e5m2-eps": (R.Float8BlockScaling("e5m2", (1, 128), force_pow2_scales=False,
+                                                 amax_epsilon=1e-3),
+                                 TQB, "_block_ct_packed_kernel"),
+}
+# (M, K, rowwise): partial tiles, columnwise only, M % 4 != 0 (the default kernel runs), K 0.
+_FP8_SHAPES = [(64, 96, True), (132, 130, True), (36, 64, False), (37, 64, True), (8, 0, True)]
 
 
-@pytest.mark.parametrize("name", sorted(_TENSOR))
-def test_per_tensor_packed_gives_the_default_bits(name, monkeypatch):
-    recipe = _TENSOR[name]
-    spy = _Spy(TQ._cast_transpose_tensor_packed_kernel)
-    monkeypatch.setattr(TQ, "_cast_transpose_tensor_packed_kernel", spy)
+@pytest.mark.parametrize("name", sorted(_FP8))
+def test_fp8_packed_gives_the_default_bits(name, monkeypatch):
+    recipe, module, kernel = _FP8[name]
+    spy = _Spy(getattr(module, kernel))
+    monkeypatch.setattr(module, kernel, spy)
     scale = torch.full((1,), 3.0, device=DEV) if isinstance(recipe, R.DelayedScaling) else None
-    for shape, rowwise in [((64, 96), True), ((100, 130), True), ((36, 64), False),
-                           ((37, 64), True), ((8, 0), True)]:
-        x = _hostile(max(shape[0], 8), max(shape[1], 8))[:shape[0], :shape[1]].to(DEV)
+    for m, k, rowwise in _FP8_SHAPES:
+        x = _hostile(max(m, 8), max(k, 8))[:m, :k].to(DEV)
         quant = lambda: tealite.quantize(x, recipe, rowwise=rowwise, columnwise=True,  # noqa: E731
                                          scale=scale, backend="triton")
         want = _bits(quant())
-        monkeypatch.setitem(TQ.VARIANTS, "ct", "packed")
+        monkeypatch.setitem(module.VARIANTS, "ct", "packed")
         before = spy.launches
-        assert _same(_bits(quant()), want), shape
-        assert spy.launches - before == int(shape[0] % 4 == 0), shape
-        monkeypatch.setitem(TQ.VARIANTS, "ct", "trans")
+        assert _same(_bits(quant()), want), (m, k)
+        # The block kernels launch nothing for an empty x.
+        runs = m % 4 == 0 and (k > 0 or module is TQ)
+        assert spy.launches - before == int(runs), (m, k)
+        monkeypatch.setitem(module.VARIANTS, "ct", "trans")
 
 
 # ---- the comparison catches what it should ------------------------------------------------------
@@ -219,8 +231,10 @@ def _fp4_ties_away(v):
     (TQMX, "_into_word", _into_word_reversed, R.MXFP8BlockScaling("e4m3")),
     (TQMX, "_into_word", _into_word_reversed, R.MXFP4BlockScaling()),
     (TQ, "_into_word", _into_word_reversed, R.DelayedScaling("e4m3")),
+    (TQB, "_into_word", _into_word_reversed, R.Float8BlockScaling("e4m3", (1, 128))),
     (TQMX, "_encode_fp4_arith", _fp4_ties_away, R.MXFP4BlockScaling()),
-], ids=["mxfp8-word-order", "mxfp4-nibble-order", "tensor-word-order", "e2m1-ties-away"])
+], ids=["mxfp8-word-order", "mxfp4-nibble-order", "tensor-word-order", "block-word-order",
+        "e2m1-ties-away"])
 def test_a_seeded_variant_bug_is_caught(module, helper, bad, recipe, monkeypatch):
     x = _hostile(64, 64).to(DEV)
     scale = torch.full((1,), 3.0, device=DEV) if isinstance(recipe, R.DelayedScaling) else None
@@ -240,7 +254,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tealite.backends.triton import quantize as TQ, quantize_mx as TQMX
+from tealite.backends.triton import quantize as TQ, quantize_block as TQB, quantize_mx as TQMX
 from tealite.backends.triton._codecs import (_fmt_constants, _mx_scale_constants,
                                              _overflow_constants)
 from tealite.formats import get_format
@@ -261,18 +275,18 @@ def mx(name, mode, kernel, extra):
              FP4_ARITH=fmt.packed, **extra)
     return kernel, c, dict(x_ptr="*i16", qt_ptr="*i32" if "COL" not in extra else "*u8")
 
-def tensor():
+def fp8(k, bm, **extra):
     fmt = get_format("e4m3")
-    c = dict(_fmt_constants(fmt), **_overflow_constants(fmt), ROW=True, GIVEN=True, POW2=False,
-             SATURATE=True, X_BF16=True, HW_FP8=False, BM=64, BN=128, GROUP_M=1)
-    k = TQ._cast_transpose_tensor_packed_kernel
+    c = dict(_fmt_constants(fmt), **_overflow_constants(fmt), ROW=True, POW2=False,
+             SATURATE=True, X_BF16=True, HW_FP8=False, BM=bm, BN=128, GROUP_M=1, **extra)
     ptrs = {n: "*fp32" for n in k.arg_names if n.endswith("_ptr")}
     return k, c, dict(ptrs, x_ptr="*i16", q_ptr="*u8", qt_ptr="*i32")
 
 cases = {"mxfp8-packed": mx("e4m3", "rceil", TQMX._mx_ct_packed_kernel, {}),
          "mxfp4-packed-arith": mx("e2m1", "floor", TQMX._mx_ct_packed_kernel, {}),
          "mxfp4-arith": mx("e2m1", "floor", TQMX._mx_cast_kernel, dict(COL=True)),
-         "tensor-packed": tensor()}
+         "tensor-packed": fp8(TQ._cast_transpose_tensor_packed_kernel, 64, GIVEN=True),
+         "block-packed": fp8(TQB._block_ct_packed_kernel, 128)}
 out = {}
 for name, (kernel, consts, ptrs) in cases.items():
     ptrs = {n: ptrs.get(n, "*u8") for n in kernel.arg_names if n.endswith("_ptr")}
@@ -284,4 +298,4 @@ json.dump(out, sys.stdout)
 
 def test_variants_compile_for_sm90_and_gfx942():
     sizes = compiled_json(_COMPILE)
-    assert len(sizes) == 8 and all(sizes.values()), sizes
+    assert len(sizes) == 10 and all(sizes.values()), sizes
