@@ -143,12 +143,22 @@ _MX = {"mxfp8": R.MXFP8BlockScaling("e4m3"), "mxfp8-e5m2-floor": R.MXFP8BlockSca
 _MX_SHAPES = [(64, 96), (72, 40), (36, 64)]
 
 
+_MX_DEFAULT = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
+
+
+def test_the_defaults_stay_until_measured():
+    """The variants are switches for the GPU sweep: the defaults are the measured kernels."""
+    assert TQMX.VARIANTS == _MX_DEFAULT
+    assert TQ.VARIANTS == TQB.VARIANTS == {"ct": "trans"}
+
+
 def _mx_variants(name):
     """The variants that change the kernel for this recipe (the arithmetic encoder is RNE
     e2m1 only; elsewhere it is the ladder, covered by the packed-only run)."""
     if name == "mxfp4":
-        return [{"ct": "packed"}, {"e2m1": "arith"}, {"ct": "packed", "e2m1": "arith"}]
-    return [{"ct": "packed"}]
+        return [{"ct": "packed"}, {"e2m1": "arith"}, {"e2m1": "arith", "nan": "skip"},
+                {"ct": "packed", "e2m1": "arith", "nan": "skip"}]
+    return [{"ct": "packed"}, {"ct": "packed", "nan": "skip"}]
 
 
 @pytest.mark.parametrize("rowwise", [True, False], ids=["ct", "col-only"])
@@ -169,7 +179,32 @@ def test_mx_variants_give_the_default_bits(name, rowwise, monkeypatch):
             assert _same(_bits(quant()), want), (shape, variant)
             packed = variant.get("ct") == "packed" and shape[0] % word == 0
             assert spy.launches - before == int(packed), (shape, variant)
-            monkeypatch.setattr(TQMX, "VARIANTS", {"ct": "trans", "e2m1": "ladder"})
+            monkeypatch.setattr(TQMX, "VARIANTS", _MX_DEFAULT)
+
+
+@triton.jit
+def _fp8_finite_kernel(v_ptr, o_ptr, n, FINITE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(v_ptr + offs, mask=m, other=0.0)
+    fp8 = C._encode_fp8_rounded(v, 448.0, 3, -6, 7, False, 0x7F, 512.0, False, False, FINITE)
+    fp4 = C._encode_fp4_arith(v, FINITE)
+    tl.store(o_ptr + offs, fp8.to(tl.int32) | (fp4 << 8), mask=m)
+
+
+def test_finite_encoders_differ_from_the_default_on_nan_only():
+    """FINITE leaves out the NaN fix-ups and nothing else: so the kernel comparisons below,
+    whose inputs hold NaN and Inf blocks, would fail if a NaN reached an encoder."""
+    v = _every_exponent_both_signs()
+    out = []
+    for finite in (False, True):
+        o = torch.empty(v.size, dtype=torch.int32, device=DEV)
+        _fp8_finite_kernel[(triton.cdiv(v.size, 1024),)](torch.from_numpy(v).to(DEV), o, v.size,
+                                                         FINITE=finite, BLOCK=1024)
+        out.append(o.cpu().numpy())
+    nan = np.isnan(v)
+    assert np.array_equal(out[0][~nan], out[1][~nan])
+    assert (out[0][nan] != out[1][nan]).any()
 
 
 def test_arith_e2m1_rowwise_gives_the_default_bits(monkeypatch):
@@ -177,6 +212,7 @@ def test_arith_e2m1_rowwise_gives_the_default_bits(monkeypatch):
     recipe = R.MXFP4BlockScaling()
     want = _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=False, backend="triton"))
     monkeypatch.setitem(TQMX.VARIANTS, "e2m1", "arith")
+    monkeypatch.setitem(TQMX.VARIANTS, "nan", "skip")
     got = _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=False, backend="triton"))
     assert _same(got, want)
 
@@ -222,7 +258,7 @@ def _into_word_reversed(word, codes, j, BITS: tl.constexpr):
 
 
 @triton.jit
-def _fp4_ties_away(v):
+def _fp4_ties_away(v, FINITE: tl.constexpr = False):
     return C._encode_fp4(v, True)
 
 
@@ -241,7 +277,7 @@ def test_a_seeded_variant_bug_is_caught(module, helper, bad, recipe, monkeypatch
     quant = lambda: _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=True,  # noqa: E731
                                            scale=scale, backend="triton"))
     want = quant()
-    monkeypatch.setattr(module, "VARIANTS", {"ct": "packed", "e2m1": "arith"})
+    monkeypatch.setattr(module, "VARIANTS", {"ct": "packed", "e2m1": "arith", "nan": "skip"})
     assert _same(quant(), want)
     monkeypatch.setattr(module, helper, bad)
     assert not _same(quant(), want)
@@ -272,7 +308,7 @@ def mx(name, mode, kernel, extra):
     fmt = get_format(name)
     c = dict(_fmt_constants(fmt), **_mx_scale_constants(name, mode), ROW=True, FP4=fmt.packed,
              TIES_AWAY=False, X_BF16=True, HW_FP8=False, BM=64, BN=64, GROUP_M=1,
-             FP4_ARITH=fmt.packed, **extra)
+             FP4_ARITH=fmt.packed, FINITE=True, **extra)
     return kernel, c, dict(x_ptr="*i16", qt_ptr="*i32" if "COL" not in extra else "*u8")
 
 def fp8(k, bm, **extra):

@@ -73,7 +73,8 @@ def _encode_fp8(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.const
 
 
 @triton.jit
-def _encode_fp8_hw(v, fmax, MBITS: tl.constexpr, NAN_CODE: tl.constexpr):
+def _encode_fp8_hw(v, fmax, MBITS: tl.constexpr, NAN_CODE: tl.constexpr,
+                   FINITE: tl.constexpr = False):
     """OCP e4m3 (MBITS 3) / e5m2 (MBITS 2) codes by the hardware conversion: only where
     ``hw_fp8`` is true, which makes them ``_encode_fp8_int``'s bits (RNE, saturating; fmax
     the format's max, a code, so clamping before or after rounding is the same).
@@ -87,8 +88,10 @@ def _encode_fp8_hw(v, fmax, MBITS: tl.constexpr, NAN_CODE: tl.constexpr):
     else:
         q = c.to(tl.float8e4nv, fp_downcast_rounding="rtne")
     code = q.to(tl.uint8, bitcast=True)
-    nan = tl.where(v.to(tl.int32, bitcast=True) < 0, NAN_CODE | 0x80, NAN_CODE)
-    return tl.where(v != v, nan.to(tl.uint8), code)
+    if not FINITE:  # FINITE: the caller guarantees no NaN (see _encode_fp8_rounded)
+        nan = tl.where(v.to(tl.int32, bitcast=True) < 0, NAN_CODE | 0x80, NAN_CODE)
+        code = tl.where(v != v, nan.to(tl.uint8), code)
+    return code
 
 
 @triton.jit
@@ -119,23 +122,28 @@ def _fmt_constants(fmt) -> dict:
 @triton.jit
 def _encode_fp8_rounded(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
                         FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-                        TIES_AWAY: tl.constexpr, HW_FP8: tl.constexpr = False):
+                        TIES_AWAY: tl.constexpr, HW_FP8: tl.constexpr = False,
+                        FINITE: tl.constexpr = False):
     """``_encode_fp8`` with the element rounding chosen: RNE, or (``TIES_AWAY``) round to
     nearest with exact ties moved away from zero (MX recipes allow it for FP8 elements).
     Saturating to +-fmax in both modes, as the MX spec requires.  With ``HW_FP8`` (host:
     ``hw_fp8(device)``) OCP RNE codes come from the hardware conversion; FNUZ and ties-away
-    always use the integer encoder."""
+    always use the integer encoder.  ``FINITE``: the caller guarantees that ``v`` holds no NaN
+    (the MX kernels' descaled values: a block with NaN or Inf gets the NaN scale, and
+    ``_mx_descale`` then gives 0), so the NaN fix-ups are left out; Inf and any finite value
+    still get their codes.  Only a faster form: a NaN would then get an unspecified code."""
     if HW_FP8 and not FNUZ and not TIES_AWAY:
-        code = _encode_fp8_hw(v, fmax, MBITS, NAN_CODE)
+        code = _encode_fp8_hw(v, fmax, MBITS, NAN_CODE, FINITE)
     else:
-        code = _encode_fp8_int(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, TIES_AWAY)
+        code = _encode_fp8_int(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, TIES_AWAY,
+                               FINITE)
     return code
 
 
 @triton.jit
 def _encode_fp8_int(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
                     FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-                    TIES_AWAY: tl.constexpr):
+                    TIES_AWAY: tl.constexpr, FINITE: tl.constexpr = False):
     """The integer encoder behind ``_encode_fp8_rounded``: every target, the interpreter
     included.
 
@@ -143,9 +151,9 @@ def _encode_fp8_int(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.c
     a code step), and equals half the step exactly only at a midpoint."""
     bits = v.to(tl.int32, bitcast=True)
     neg = bits < 0
-    is_nan = v != v
     a = tl.minimum(tl.abs(v), fmax)
-    a = tl.where(is_nan, 0.0, a)
+    if not FINITE:
+        a = tl.where(v != v, 0.0, a)
     e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     s = tl.maximum(e, EMIN) - MBITS
     magic = ((s + 23 + 127) << 23).to(tl.float32, bitcast=True)
@@ -167,10 +175,12 @@ def _encode_fp8_int(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.c
     else:
         sign = tl.where(neg, 0x80, 0)
     code = code | sign
-    if FNUZ:
-        code = tl.where(is_nan, NAN_CODE, code)
+    if FINITE:
+        pass
+    elif FNUZ:
+        code = tl.where(v != v, NAN_CODE, code)
     else:
-        code = tl.where(is_nan, NAN_CODE | tl.where(neg, 0x80, 0), code)
+        code = tl.where(v != v, NAN_CODE | tl.where(neg, 0x80, 0), code)
     return code.to(tl.uint8)
 
 
@@ -207,7 +217,7 @@ def _encode_fp4(v, TIES_AWAY: tl.constexpr):
 
 
 @triton.jit
-def _encode_fp4_arith(v):
+def _encode_fp4_arith(v, FINITE: tl.constexpr = False):
     """``_encode_fp4(v, TIES_AWAY=False)``'s codes (RNE) by fp32 arithmetic instead of the
     comparison ladder: about half the instructions per element (Hopper has no E2M1
     conversion, and the ladder left the MXFP4 kernels instruction-bound).
@@ -227,7 +237,11 @@ def _encode_fp4_arith(v):
     y = mag.to(tl.float32, bitcast=True) + magic.to(tl.float32, bitcast=True)
     code = y.to(tl.int32, bitcast=True) - magic + 2 * (f - 127)
     sign = (bits >> 28) & 8  # arithmetic shift: bit 31 -> bit 3
-    return tl.where(v != v, sign ^ 8, code | sign)
+    if not FINITE:  # FINITE: no NaN in v (the caller's guarantee, as _encode_fp8_rounded's)
+        code = tl.where(v != v, sign ^ 8, code | sign)
+    else:
+        code = code | sign
+    return code
 
 
 # ---- tile order ------------------------------------------------------------------------------

@@ -59,7 +59,10 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 #   second time from L1/L2): amaxes first, then the codes.  Needs M % R == 0 (else "trans").
 # * "e2m1": "ladder" (_codecs._encode_fp4) or "arith" (_codecs._encode_fp4_arith, RNE only;
 #   ties-away keeps the ladder).
-VARIANTS = {"ct": "trans", "e2m1": "ladder"}
+# * "nan": "fix" (the encoders' NaN handling, dead code here) or "skip": every value reaching
+#   an encoder is finite (a block holding NaN or Inf gets scale 255 and _mx_descale gives 0;
+#   any other block's descaled values are finite), so the NaN fix-ups are left out (FINITE).
+VARIANTS = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
 # multiple of 32, BN of 32); not yet measured on a GPU (quantize_tiles.py --variant packed).
 _PACKED_TILES = {(False, True): (32, 64, 2), (True, True): (32, 64, 2)}
@@ -69,17 +72,17 @@ _PACKED_TILES = {(False, True): (32, 64, 2), (True, True): (32, 64, 2)}
 def _mx_encode(y, FP4: tl.constexpr, TIES_AWAY: tl.constexpr, FMAX: tl.constexpr,
                MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
                NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr, HW_FP8: tl.constexpr,
-               FP4_ARITH: tl.constexpr = False):
+               FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False):
     """uint8 element codes of descaled values (E2M1 nibbles or FP8 bytes); one byte per
     code keeps the shared-memory transpose of the cast-transpose small.  FP4_ARITH: the
     arithmetic E2M1 encoder (same codes, RNE only)."""
     if FP4 and FP4_ARITH and not TIES_AWAY:
-        return _encode_fp4_arith(y).to(tl.uint8)
+        return _encode_fp4_arith(y, FINITE).to(tl.uint8)
     elif FP4:
         return _encode_fp4(y, TIES_AWAY).to(tl.uint8)
     else:
         return _encode_fp8_rounded(y, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
-                                   TIES_AWAY, HW_FP8)
+                                   TIES_AWAY, HW_FP8, FINITE)
 
 
 @triton.jit
@@ -113,7 +116,8 @@ def _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4: tl.
              TIES_AWAY: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr,
              MBITS: tl.constexpr, FMAX: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
              FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-             HW_FP8: tl.constexpr, FP4_ARITH: tl.constexpr, R: tl.constexpr,
+             HW_FP8: tl.constexpr, FP4_ARITH: tl.constexpr, FINITE: tl.constexpr,
+             R: tl.constexpr,
              BN: tl.constexpr):
     """Rowwise MX quantization of the fp32 (R, BN) tile ``x`` at x's ``rows`` and tile column
     ``pid_n``: its 1x32 block scales and codes stored."""
@@ -121,7 +125,7 @@ def _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4: tl.
     byte = _e8m0_scale(_mag_max(xb, 2), MODE, EMAX, MBITS, FMAX)  # (R, BN // 32)
     y = _mx_descale(xb, byte[:, :, None])
     codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
-                                  NAN_CODE, SUB_SCALE, HW_FP8, FP4_ARITH), (R, BN))
+                                  NAN_CODE, SUB_SCALE, HW_FP8, FP4_ARITH, FINITE), (R, BN))
     _store_codes(q_ptr, codes, rows, pid_n * BN, M, K, q_row_bytes, FP4, R, BN)
     kb = pid_n * (BN // 32) + tl.arange(0, BN // 32)
     smask = (rows < M)[:, None] & (kb < tl.cdiv(K, 32))[None, :]
@@ -148,7 +152,7 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
                     BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                     SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
-                    FP4_ARITH: tl.constexpr = False):
+                    FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -158,13 +162,13 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
     if ROW:
         _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4, TIES_AWAY,
                  MODE, EMAX, MBITS, FMAX, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, HW_FP8,
-                 FP4_ARITH, BM, BN)
+                 FP4_ARITH, FINITE, BM, BN)
     if COL:
         xb = tl.reshape(x, (BM // 32, 32, BN))
         byte = _e8m0_scale(_mag_max(xb, 1), MODE, EMAX, MBITS, FMAX)  # (BM // 32, BN)
         y = _mx_descale(xb, byte[:, None, :])
         codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
-                                      NAN_CODE, SUB_SCALE, HW_FP8, FP4_ARITH), (BM, BN))
+                                      NAN_CODE, SUB_SCALE, HW_FP8, FP4_ARITH, FINITE), (BM, BN))
         _store_codes(qt_ptr, tl.trans(codes), cols, pid_m * BM, K, M, qt_row_bytes, FP4, BN,
                      BM)
         _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM)
@@ -179,7 +183,7 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
                          BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                          SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
-                         FP4_ARITH: tl.constexpr = False):
+                         FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False):
     """The cast-transpose of ``VARIANTS["ct"] == "packed"`` (columnwise, and rowwise with ROW):
     the same bits as _mx_cast_kernel.  The (BM, BN) tile is R row sub-tiles, sub-tile j
     holding rows R*i + j; ``qt_ptr`` is the columnwise code matrix as int32 words
@@ -203,7 +207,7 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
         if ROW:
             _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4,
                      TIES_AWAY, MODE, EMAX, MBITS, FMAX, EMIN, BIAS, FNUZ, NAN_CODE,
-                     SUB_SCALE, HW_FP8, FP4_ARITH, S, BN)
+                     SUB_SCALE, HW_FP8, FP4_ARITH, FINITE, S, BN)
     # A 32-row block is 32 // R consecutive sub-tile rows: the integer max of the magnitude
     # bits, as _mag_max (exact, NaN-propagating).
     amax = tl.max(tl.reshape(cmag, (BM // 32, 32 // R, BN)), axis=1).to(tl.float32,
@@ -217,7 +221,7 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
                      (rows < M)[:, None] & cmask, X_BF16)
         y = _mx_descale(tl.reshape(x, (BM // 32, 32 // R, BN)), byte[:, None, :])
         codes = _mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
-                           SUB_SCALE, HW_FP8, FP4_ARITH)
+                           SUB_SCALE, HW_FP8, FP4_ARITH, FINITE)
         word = _into_word(word, tl.reshape(codes, (S, BN)), j, BITS)
     words = pid_m * S + sub
     tl.store(qt_ptr + cols.to(tl.int64)[:, None] * qt_words + words[None, :], tl.trans(word),
@@ -268,7 +272,8 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
     if m and k:
         consts = dict(_fmt_constants(fmt), **_mx_scale_constants(fmt.name, recipe.scale_rounding),
                       FP4=fmt.packed, TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16,
-                      HW_FP8=hw_fp8(x.device), FP4_ARITH=VARIANTS["e2m1"] == "arith")
+                      HW_FP8=hw_fp8(x.device), FP4_ARITH=VARIANTS["e2m1"] == "arith",
+                      FINITE=VARIANTS["nan"] == "skip")
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
         if columnwise and _packs(m, fmt):
             bm, bn, warps, *group = _PACKED_TILES[(rowwise, columnwise)]
