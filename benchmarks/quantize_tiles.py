@@ -13,14 +13,14 @@ tile order (``_codecs._tile_ids``: a 4th tuple entry or a ``GROUP_M`` key).
 Defaults live in ``quantize.CONFIGS``,
 ``quantize_block._TILES`` and ``quantize_mx._TILES``: set them from the fastest correct rows.
 
-``--variant`` (comma-separated, default ``default``) adds the kernel variants of the
-cast-transposes (the modules' ``VARIANTS``: ``packed`` codes moved as 32-bit words, ``arith``
-the arithmetic E2M1 encoder, ``packed+arith``), each over its own tiles, as rows named
-``NAME/VARIANT`` checked bit for bit against the default kernel's outputs.  ``--quick`` times
-only the first few tiles of each list.  The cast-transpose comparison for the integrator:
-``python benchmarks/quantize_tiles.py --only ct --variant default,packed,arith,packed+arith
---quick`` (see docs/benchmarks.md).  ``fp8-delayed-ct`` is the per-tensor cast-transpose with
-a given scale: the kernel alone, without current scaling's amax pass.
+``--variant`` (comma-separated, default ``default``) adds kernel variants (the modules'
+``VARIANTS``), each a '+'-joined set of atoms: ``packed`` (cast-transpose codes moved as
+32-bit words), ``arith`` (arithmetic E2M1 encoder), ``finite`` (MX encoders without the NaN
+fix-ups no NaN can reach); a row takes the variants whose atoms it has, over their own tiles,
+printed as ``NAME/VARIANT`` and checked bit for bit against the default kernel's outputs.
+``--tiles N`` times only the first N tiles of each list.  The command of the cast-transpose
+comparison is in docs/benchmarks.md.  ``fp8-delayed-ct`` is the per-tensor cast-transpose
+with a given scale: the kernel alone, without current scaling's amax pass.
 """
 from __future__ import annotations
 
@@ -66,32 +66,50 @@ def _override(table, key, value):
         table[key] = old
 
 
+# A kernel variant is a '+'-joined set of these atoms: (VARIANTS key, value) of the module.
+_ATOMS = {"packed": ("ct", "packed"), "arith": ("e2m1", "arith"), "finite": ("nan", "skip")}
+
+
 def _kernel_variants(TQ, TQB, TQMX):
-    """(variant, cast-transpose row name) -> (VARIANTS dict to set, its settings, tile table,
-    key, [tiles]); the first tile of each list is the variant's default."""
-    mx_packed = [TQMX._PACKED_TILES[(True, True)], (64, 64, 2), (32, 128, 2), (64, 128, 4),
-                 (128, 64, 4), (64, 64, 4), (32, 64, 1), (64, 64, 2, 8)]
-    tensor_packed = [TQ.CONFIGS["cast_transpose_packed"]] + [
+    """row name -> (the module's VARIANTS, the atoms it takes, packed tiles (table, key,
+    [tiles]), other tiles to try with the default table); first tile = the current entry."""
+    mx_packed = (TQMX._PACKED_TILES, (True, True),
+                 [(64, 64, 2), (32, 64, 2), (32, 128, 2), (64, 128, 4), (128, 64, 4),
+                  (64, 64, 4), (32, 64, 1), (64, 64, 2, 8)])
+    tensor_packed = (TQ.CONFIGS, "cast_transpose_packed", [
         dict(BM=bm, BN=bn, num_warps=w, GROUP_M=g) for bm, bn, w, g in
-        [(128, 128, 8, 1), (64, 64, 2, 1), (128, 64, 4, 1), (32, 128, 2, 1), (64, 128, 4, 8)]]
-    out = {}
-    for name in ("mxfp8-ct", "mxfp4-ct"):
-        out[("packed", name)] = (TQMX.VARIANTS, {"ct": "packed"}, TQMX._PACKED_TILES,
-                                 (True, True), mx_packed)
-    out[("arith", "mxfp4-ct")] = (TQMX.VARIANTS, {"e2m1": "arith"}, TQMX._TILES, (True, True),
-                                  [TQMX._TILES[(True, True)], (32, 128, 2), (64, 64, 2)])
-    out[("packed+arith", "mxfp4-ct")] = (TQMX.VARIANTS, {"ct": "packed", "e2m1": "arith"},
-                                         TQMX._PACKED_TILES, (True, True), mx_packed)
-    out[("arith", "mxfp4-row")] = (TQMX.VARIANTS, {"e2m1": "arith"}, TQMX._TILES,
-                                   (True, False), [TQMX._TILES[(True, False)], (64, 128, 4),
-                                                   (32, 256, 8), (32, 128, 2)])
-    for name in ("fp8-tensor-ct", "fp8-delayed-ct"):
-        out[("packed", name)] = (TQ.VARIANTS, {"ct": "packed"}, TQ.CONFIGS,
-                                 "cast_transpose_packed", tensor_packed)
-    if hasattr(TQB, "VARIANTS"):
-        out[("packed", "block1x128-ct")] = (TQB.VARIANTS, {"ct": "packed"}, TQB._PACKED_TILES,
-                                            (1, True, True), TQB.PACKED_SWEEP)
-    return out
+        [(64, 128, 4, 1), (128, 128, 8, 1), (64, 64, 2, 1), (128, 64, 4, 1), (32, 128, 2, 1),
+         (64, 128, 4, 8)]])
+    mx_ct = [(32, 128, 2), (64, 64, 2)]
+    return {
+        "fp8-tensor-ct": (TQ.VARIANTS, {"packed"}, tensor_packed, []),
+        "fp8-delayed-ct": (TQ.VARIANTS, {"packed"}, tensor_packed, []),
+        "block1x128-ct": (TQB.VARIANTS, {"packed"},
+                          (TQB._PACKED_TILES, (1, True, True), TQB.PACKED_SWEEP), []),
+        "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite"}, mx_packed, mx_ct),
+        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite"}, mx_packed, mx_ct),
+        "mxfp8-row": (TQMX.VARIANTS, {"finite"}, None, [(64, 128, 4), (32, 256, 8)]),
+        "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite"}, None, [(64, 128, 4), (32, 256, 8)]),
+    }
+
+
+def _variant_runs(name, wanted, kernel_variants, table, key, configs):
+    """(label, VARIANTS table, settings, tile table, key, [tiles]) of the runs of row ``name``:
+    the default kernel, then every wanted variant whose atoms the row takes."""
+    runs = [(name, None, {}, table, key, configs)] if "default" in wanted else []
+    if name not in kernel_variants:
+        return runs
+    vtable, takes, packed, others = kernel_variants[name]
+    for v in wanted:
+        atoms = set(v.split("+"))
+        if v == "default" or not atoms <= takes:
+            continue
+        settings = dict(_ATOMS[a] for a in atoms)
+        if "packed" in atoms:
+            runs.append((f"{name}/{v}", vtable, settings, *packed))
+        else:
+            runs.append((f"{name}/{v}", vtable, settings, table, key, [table[key]] + others))
+    return runs
 
 
 def _variants(TQ, TQB, TQMX):
@@ -180,8 +198,8 @@ def _sweep(label, fn, vtable, settings, table, key, configs, ref_bits, nbytes, c
     import triton.testing as tt
     default = table[key]
     configs = [default] + [c for c in configs if c != default]
-    if args.quick:
-        configs = configs[:3]
+    if args.tiles:
+        configs = configs[:args.tiles]
     for i, cfg in enumerate(configs):
         tag = "*" if i == 0 else " "
         try:
@@ -189,14 +207,14 @@ def _sweep(label, fn, vtable, settings, table, key, configs, ref_bits, nbytes, c
                 bits = _outputs(fn())
                 torch.cuda.synchronize()
                 if not _same(bits, ref_bits):
-                    print(f"  {label:22s}{tag} {cfg}: OUTPUT BITS DIFFER from the default")
+                    print(f"  {label:30s}{tag} {cfg}: OUTPUT BITS DIFFER from the default")
                     continue
                 ms = tt.do_bench(fn, rep=args.rep, return_mode="median")
-            print(f"  {label:22s}{tag} {str(cfg):44s} {ms * 1e3:8.1f} us "
+            print(f"  {label:30s}{tag} {str(cfg):44s} {ms * 1e3:8.1f} us "
                   f"{nbytes / ms / 1e9:7.0f} GB/s {100 * copy_ms / ms:5.1f}% of copy")
         except Exception as e:  # a config that does not compile / run: report, go on
             msg = traceback.format_exception_only(type(e), e)[-1].strip()
-            print(f"  {label:22s}{tag} {cfg}: FAILED {msg[:200]}")
+            print(f"  {label:30s}{tag} {cfg}: FAILED {msg[:200]}")
             if i == 0:
                 break
 
@@ -209,8 +227,10 @@ def main() -> None:
                     help="run the rows whose name contains this (comma-separated: any of them)")
     ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
     ap.add_argument("--variant", default="default",
-                    help="comma-separated: default, packed, arith, packed+arith")
-    ap.add_argument("--quick", action="store_true", help="only the first 3 tiles of each list")
+                    help="comma-separated: default, or '+'-joined atoms of packed, arith, "
+                         "finite (e.g. packed+arith+finite)")
+    ap.add_argument("--tiles", type=int, default=0,
+                    help="time only the first N tiles of each list (0: all)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # interpreter smoke
     args = ap.parse_args()
     TQ, TQB, TQMX, codecs = _setup()
@@ -239,10 +259,10 @@ def main() -> None:
 
     kernel_variants = _kernel_variants(TQ, TQB, TQMX)
     wanted = [v for v in args.variant.split(",") if v]
-    unknown = set(wanted) - {"default"} - {v for v, _ in kernel_variants}
+    unknown = {v for v in wanted if v != "default" and not set(v.split("+")) <= set(_ATOMS)}
     if unknown:
-        sys.exit(f"--variant: unknown {sorted(unknown)}; known: default, "
-                 f"{', '.join(sorted({v for v, _ in kernel_variants}))}")
+        sys.exit(f"--variant: unknown {sorted(unknown)}; give 'default' or '+'-joined atoms "
+                 f"of {sorted(_ATOMS)}")
     given = torch.full((1,), 3.0, device=dev)
     for name, (recipe, rw, cw, table, key, configs, nbytes) in \
             _variants(TQ, TQB, TQMX).items():
@@ -254,9 +274,7 @@ def main() -> None:
             scale = given if isinstance(recipe, R.DelayedScaling) else None
             fn = lambda r=recipe, rw=rw, cw=cw, s=scale: tealite.quantize(  # noqa: E731
                 x, r, rowwise=rw, columnwise=cw, scale=s, backend="triton")
-        runs = [(name, None, {}, table, key, configs)] if "default" in wanted else []
-        runs += [(f"{name}/{v}", *kernel_variants[(v, name)]) for v in wanted
-                 if (v, name) in kernel_variants]
+        runs = _variant_runs(name, wanted, kernel_variants, table, key, configs)
         if not runs:
             continue
         b = nbytes(m, k)

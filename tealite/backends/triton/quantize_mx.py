@@ -64,8 +64,9 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 #   any other block's descaled values are finite), so the NaN fix-ups are left out (FINITE).
 VARIANTS = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
-# multiple of 32, BN of 32); not yet measured on a GPU (quantize_tiles.py --variant packed).
-_PACKED_TILES = {(False, True): (32, 64, 2), (True, True): (32, 64, 2)}
+# multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
+# those cross-compiled (benchmarks/quantize_ptx.py); not yet timed on a GPU.
+_PACKED_TILES = {(False, True): (64, 64, 2), (True, True): (64, 64, 2)}
 
 
 @triton.jit
