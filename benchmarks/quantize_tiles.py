@@ -244,6 +244,9 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     x[0, :64] = torch.tensor([-0.0, 1e-30] * 32)  # signed zero, bf16 subnormal
+    # A NaN and an Inf block: the GPU bit check then covers the MX blocks whose scale is NaN
+    # (the "finite" variants rely on their codes never reaching an encoder as NaN).
+    x[1, 0], x[1, 40] = float("nan"), float("inf")
     print(f"device {torch.cuda.get_device_name(dev)}, x bf16 {m}x{k}, "
           f"hw_fp8={codecs.hw_fp8(dev)}")
     copy_cache = {}
