@@ -53,7 +53,7 @@ def _mx(kernel, name, mode, bm, bn, row=True, col=True, arith=False, finite=Fals
     fmt = get_format(name)
     consts = dict(_fmt_constants(fmt), **_mx_scale_constants(name, mode), ROW=row,
                   FP4=fmt.packed, TIES_AWAY=False, X_BF16=True, HW_FP8=True, BM=bm, BN=bn,
-                  GROUP_M=1, FP4_ARITH=arith, FINITE=finite)
+                  GROUP_M=1, FP4_ARITH=arith, FINITE=finite, **({"EVEN": True} if kernel is TQMX._mx_ct_packed_kernel else {}))
     if kernel is TQMX._mx_cast_kernel:
         consts["COL"] = col
     packed = kernel is TQMX._mx_ct_packed_kernel

@@ -139,8 +139,9 @@ class _Spy:
 _MX = {"mxfp8": R.MXFP8BlockScaling("e4m3"), "mxfp8-e5m2-floor": R.MXFP8BlockScaling("e5m2", "floor"),
        "mxfp4": R.MXFP4BlockScaling(),
        "mxfp4-ties-away": R.MXFP4BlockScaling("even", "ties_away")}
-# (M, K): whole tiles, partial tiles and blocks (pad), M not a multiple of 8 (FP4 falls back).
-_MX_SHAPES = [(64, 96), (72, 40), (36, 64)]
+# (M, K): whole packed tiles (EVEN: unmasked loads), partial tiles and blocks (pad), M not a
+# multiple of 8 (FP4 falls back).
+_MX_SHAPES = [(64, 128), (64, 96), (72, 40), (36, 64)]
 
 
 _MX_DEFAULT = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
@@ -206,6 +207,48 @@ def test_finite_encoders_differ_from_the_default_on_nan_only():
     assert np.array_equal(out[0][~nan], out[1][~nan])
     assert (out[0][nan] != out[1][nan]).any()
 
+
+
+@triton.jit
+def _fp8_hw_kernel(v_ptr, o_ptr, n, fmax, FINITE: tl.constexpr, HW: tl.constexpr,
+                   MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                   FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(v_ptr + offs, mask=m, other=0.0)
+    tl.store(o_ptr + offs, C._encode_fp8_rounded(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                                                 SUB_SCALE, False, HW, FINITE), mask=m)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_hw_finite_path_gives_the_integer_encoders_bits(fmt):
+    """On a GPU with ``hw_fp8``: without clamp and NaN fix-ups (FINITE) the hardware
+    conversion still saturates, so every finite value (codes, midpoints and their fp32
+    neighbours, beyond max up to fp32 max, every exponent) gets the integer encoder's code."""
+    if DEV != "cuda" or not C.hw_fp8(torch.device("cuda")):
+        pytest.skip("needs an NVIDIA GPU of sm_89+ running compiled kernels (hw_fp8 false here)")
+    from tealite_verify.references import quantize as ref
+    from tealite.formats import get_format
+    tab = np.unique(np.abs(ref.codes_table(fmt)))
+    tab = tab[np.isfinite(tab)].astype(np.float64)
+    pts = np.concatenate([tab, (tab[1:] + tab[:-1]) / 2, tab[-1] * np.array([1.03, 1.0625, 1.07,
+                                                                              1.5, 2, 1e30])])
+    u = pts.astype(np.float32).view(np.uint32).astype(np.int64)
+    near = np.concatenate([u + d for d in (-2, -1, 0, 1, 2)])
+    near = near[(near >= 0) & (near < 0x7F800000)].astype(np.uint32)
+    v = np.concatenate([near, near | 0x80000000]).view(np.float32)
+    v = np.concatenate([v, _every_exponent_both_signs()])
+    v = v[np.isfinite(v)]
+    f = get_format(fmt)
+    out = []
+    for hw in (True, False):
+        o = torch.empty(v.size, dtype=torch.uint8, device=DEV)
+        _fp8_hw_kernel[(triton.cdiv(v.size, 1024),)](torch.from_numpy(v).to(DEV), o, v.size,
+                                                     f.max, FINITE=hw, HW=hw, BLOCK=1024,
+                                                     **C._fmt_constants(f))
+        out.append(o.cpu().numpy())
+    assert np.array_equal(*out), v[out[0] != out[1]][:8]
 
 def test_arith_e2m1_rowwise_gives_the_default_bits(monkeypatch):
     x = _hostile(64, 160).to(DEV)

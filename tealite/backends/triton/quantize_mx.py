@@ -59,9 +59,10 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 #   second time from L1/L2): amaxes first, then the codes.  Needs M % R == 0 (else "trans").
 # * "e2m1": "ladder" (_codecs._encode_fp4) or "arith" (_codecs._encode_fp4_arith, RNE only;
 #   ties-away keeps the ladder).
-# * "nan": "fix" (the encoders' NaN handling, dead code here) or "skip": every value reaching
-#   an encoder is finite (a block holding NaN or Inf gets scale 255 and _mx_descale gives 0;
-#   any other block's descaled values are finite), so the NaN fix-ups are left out (FINITE).
+# * "nan": "fix" (the encoders' NaN / Inf handling, dead code here) or "skip": every value
+#   reaching an encoder is finite (a block holding NaN or Inf gets scale 255 and _mx_descale
+#   gives 0; any other block's descaled values are finite), so the encoders' NaN fix-ups and
+#   the hardware FP8 path's clamp are left out (FINITE).
 VARIANTS = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
 # multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
@@ -176,6 +177,18 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
 
 
 @triton.jit
+def _load_sub_tile(x_ptr, rows, cols, M, K, EVEN: tl.constexpr, X_BF16: tl.constexpr):
+    """fp32 x[rows, cols]; with EVEN every element is inside x, and a constant mask lets the
+    compiler drop the per-element predicates and the zero fill."""
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    if EVEN:
+        x = load_f32(x_ptr, offs, True, X_BF16)
+    else:
+        x = load_f32(x_ptr, offs, (rows < M)[:, None] & (cols < K)[None, :], X_BF16)
+    return x
+
+
+@triton.jit
 def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_words,
                          s_stride, st_stride,
                          ROW: tl.constexpr, FP4: tl.constexpr,
@@ -184,12 +197,14 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
                          BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                          SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
-                         FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False):
+                         FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False,
+                         EVEN: tl.constexpr = False):
     """The cast-transpose of ``VARIANTS["ct"] == "packed"`` (columnwise, and rowwise with ROW):
     the same bits as _mx_cast_kernel.  The (BM, BN) tile is R row sub-tiles, sub-tile j
     holding rows R*i + j; ``qt_ptr`` is the columnwise code matrix as int32 words
     (``qt_words`` per row of x.T), word (n, w) the R codes of column n at rows R*w .. R*w+R-1
-    (byte / nibble order = row order, as the byte layout).  M % R == 0 (host)."""
+    (byte / nibble order = row order, as the byte layout).  M % R == 0 (host); EVEN: whole
+    tiles (M % BM == K % BN == 0), the loads need no mask."""
     R: tl.constexpr = 8 if FP4 else 4  # codes per 32-bit word
     BITS: tl.constexpr = 4 if FP4 else 8
     S: tl.constexpr = BM // R  # rows per sub-tile
@@ -202,8 +217,7 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
     cmag = tl.zeros((S, BN), dtype=tl.int32)
     for j in tl.static_range(R):
         rows = pid_m * BM + sub * R + j
-        x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
-                     (rows < M)[:, None] & cmask, X_BF16)
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
         cmag = tl.maximum(cmag, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
         if ROW:
             _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4,
@@ -218,8 +232,7 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
     word = tl.zeros((S, BN), dtype=tl.int32)
     for j in tl.static_range(R):
         rows = pid_m * BM + sub * R + j
-        x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
-                     (rows < M)[:, None] & cmask, X_BF16)
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
         y = _mx_descale(tl.reshape(x, (BM // 32, 32 // R, BN)), byte[:, None, :])
         codes = _mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
                            SUB_SCALE, HW_FP8, FP4_ARITH, FINITE)
@@ -283,7 +296,7 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
                 as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s, words,
                 st, m, k, _row_stride(q), words.stride(0), _row_stride(s), _row_stride(st),
                 ROW=rowwise, BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps,
-                **consts)
+                EVEN=m % bm == 0 and k % bn == 0, **consts)
         else:
             bm, bn, warps, *group = _TILES[(rowwise, columnwise)]
             _mx_cast_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
