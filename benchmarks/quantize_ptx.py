@@ -6,7 +6,7 @@ specializes: 16-byte aligned pointers, sizes divisible by 16) for sm_90a and pri
 element of its tile: PTX and SASS instructions (straight-line code, one tile per program, so
 static counts are the per-thread work), then per program: ``bar.sync``, shared-memory
 operations (and how many are single-byte stores), shuffles, registers and spill bytes
-(``ptxas -v``).  A memory-bound kernel on an H100 moves about 13 bytes per SM per cycle at
+(``ptxas -v``), and the global access widths.  A memory-bound kernel on an H100 moves about 13 bytes per SM per cycle at
 copy speed, and an SM issues at most 128 thread-instructions per cycle: a cast-transpose of
 bf16 to FP8 (4 bytes per element) may spend about 40 instructions per element at 100 % of
 copy, MXFP4 (3 bytes) about 30 (docs/benchmarks.md).  Variants are the modules' ``VARIANTS``
@@ -100,6 +100,18 @@ def _instructions(text: str) -> list[str]:
     return out
 
 
+def _widths(ptx: list[str], op: str) -> str:
+    """``count x bytes`` per access width of one kind of global access, widest first."""
+    sizes = {"b8": 1, "b16": 2, "b32": 4, "b64": 8}
+    found: dict[int, int] = {}
+    for i in ptx:
+        m = re.match(re.escape(op) + r"(?:\.\w+)*?(?:\.v(\d))?\.(b8|b16|b32|b64)\b", i)
+        if m:
+            width = int(m.group(1) or 1) * sizes[m.group(2)]
+            found[width] = found.get(width, 0) + 1
+    return " ".join(f"{n}x{w}" for w, n in sorted(found.items(), reverse=True))
+
+
 def _stats(k, elems: int) -> dict:
     threads = k.metadata.num_warps * 32
     per_thread = elems / threads
@@ -120,6 +132,7 @@ def _stats(k, elems: int) -> dict:
     regs = re.search(r"Used (\d+) registers", log)
     spill = re.search(r"(\d+) bytes spill stores", log)
     return dict(ptx=len(ptx) / per_thread, sass=len(sass) / per_thread,
+                ld=_widths(ptx, "ld.global"), st=_widths(ptx, "st.global"),
                 bar=sum(i.startswith("bar.sync") for i in ptx), shared=len(shared),
                 byte_st=sum(i.startswith("st.shared.b8") for i in ptx),
                 shfl=sum(i.startswith("shfl") for i in ptx),
@@ -131,14 +144,15 @@ def main() -> None:
     ap.add_argument("--only", default="", help="rows whose name contains this")
     args = ap.parse_args()
     print(f"{'kernel (tile, warps)':42s} {'PTX/el':>7s} {'SASS/el':>7s} {'bar':>4s} "
-          f"{'smem ops':>8s} {'st.b8':>5s} {'shfl':>4s} {'regs':>4s} {'spill':>5s}")
+          f"{'smem ops':>8s} {'st.b8':>5s} {'shfl':>4s} {'regs':>4s} {'spill':>5s}  "
+          f"global loads / stores (count x bytes, per thread)")
     for name, kernel, bm, bn, warps, (consts, ptrs) in _rows():
         if args.only not in name:
             continue
         s = _stats(_compile(kernel, consts, ptrs, warps), bm * bn)
         print(f"{name + f' ({bm}x{bn}, {warps})':42s} {s['ptx']:7.1f} {s['sass']:7.1f} "
               f"{s['bar']:4d} {s['shared']:8d} {s['byte_st']:5d} {s['shfl']:4d} {s['regs']:4d} "
-              f"{s['spill']:5d}")
+              f"{s['spill']:5d}  {s['ld']} / {s['st']}")
 
 
 if __name__ == "__main__":
