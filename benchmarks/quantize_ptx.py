@@ -68,11 +68,13 @@ def _rows():
     mx, mxp = TQMX._mx_cast_kernel, TQMX._mx_ct_packed_kernel
     return [
         ("fp8-delayed-ct (default)", ct, 64, 128, 4, _fp8(ct, 64, 128, "*u8", GIVEN=True)),
-        ("fp8-delayed-ct/packed", ctp, 64, 128, 4, _fp8(ctp, 64, 128, "*i32", GIVEN=True)),
+        ("fp8-delayed-ct/packed", ctp, 64, 128, 4,
+         _fp8(ctp, 64, 128, "*i32", GIVEN=True, EVEN=True)),
         ("block1x128-ct (default)", blk, 128, 128, 4,
          _fp8(blk, 128, 128, "*u8", COL=True, SQUARE=False)),
-        ("block1x128-ct/packed", blkp, 128, 128, 4, _fp8(blkp, 128, 128, "*i32")),
-        ("block1x128-ct/packed 8 warps", blkp, 128, 128, 8, _fp8(blkp, 128, 128, "*i32")),
+        ("block1x128-ct/packed", blkp, 128, 128, 4, _fp8(blkp, 128, 128, "*i32", EVEN=True)),
+        ("block1x128-ct/packed 8 warps", blkp, 128, 128, 8,
+         _fp8(blkp, 128, 128, "*i32", EVEN=True)),
         ("mxfp8-row (default)", mx, 32, 128, 4, _mx(mx, "e4m3", "rceil", 32, 128, col=False)),
         ("mxfp8-ct (default)", mx, 32, 64, 2, _mx(mx, "e4m3", "rceil", 32, 64)),
         ("mxfp8-ct/packed", mxp, 32, 64, 2, _mx(mxp, "e4m3", "rceil", 32, 64)),

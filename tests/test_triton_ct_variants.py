@@ -269,8 +269,10 @@ _FP8 = {  # name: (recipe, module of the variant, its packed kernel)
                                                  amax_epsilon=1e-3),
                                  TQB, "_block_ct_packed_kernel"),
 }
-# (M, K, rowwise): partial tiles, columnwise only, M % 4 != 0 (the default kernel runs), K 0.
-_FP8_SHAPES = [(64, 96, True), (132, 130, True), (36, 64, False), (37, 64, True), (8, 0, True)]
+# (M, K, rowwise): whole packed tiles (EVEN), partial tiles, columnwise only, M % 4 != 0 (the
+# default kernel runs), K 0.
+_FP8_SHAPES = [(128, 128, True), (64, 96, True), (132, 130, True), (36, 64, False),
+               (37, 64, True), (8, 0, True)]
 
 
 @pytest.mark.parametrize("name", sorted(_FP8))

@@ -31,7 +31,7 @@ from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _i
                                              _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.quantize_block import quantize_block
-from tealite.backends.triton.quantize_mx import MX_BLOCK, quantize_mx
+from tealite.backends.triton.quantize_mx import MX_BLOCK, _load_sub_tile, quantize_mx
 from tealite.formats import FP8_FORMATS, FP8ScaleRule, Saturation, get_format
 from tealite.recipe_facts import outside
 from tealite.recipes import Family, Granularity
@@ -168,11 +168,12 @@ def _cast_transpose_tensor_packed_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_p
                                          OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                                          OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
                                          HW_FP8: tl.constexpr, BM: tl.constexpr,
-                                         BN: tl.constexpr, GROUP_M: tl.constexpr = 1):
+                                         BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
+                                         EVEN: tl.constexpr = False):
     """``_cast_transpose_tensor_kernel``'s bits with ``VARIANTS["ct"] == "packed"``: one
     scale, so each code serves both directions; sub-tile j (rows 4i + j) is read once, its
     codes stored rowwise and shifted into byte j of the words of x.T (``qt_ptr``: int32,
-    ``qt_words`` per row).  M % 4 == 0 (host)."""
+    ``qt_words`` per row).  M % 4 == 0 (host); EVEN: whole tiles, unmasked loads."""
     S: tl.constexpr = BM // 4
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tiles_n, GROUP_M)
@@ -190,7 +191,7 @@ def _cast_transpose_tensor_packed_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_p
     for j in tl.static_range(4):
         rows = pid_m * BM + sub * 4 + j
         mask = (rows < M)[:, None] & cmask
-        x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
         if GIVEN:  # the integer max of the magnitude bits, as _mag_max
             mag = tl.maximum(mag, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
         codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
@@ -349,12 +350,14 @@ def _per_tensor(x: torch.Tensor, recipe, scale, rowwise: bool, columnwise: bool)
         pamax = torch.empty(grid, dtype=torch.float32, device=dev)
         args = (xk, q if rowwise else qt, qt, scale if given else sinv,
                 amax if amax is not None else sinv, sinv, sinvt, pamax, m, k)
+        extra = {}
         if packed:
             words = qt.view(torch.int32)
             args = (*args[:2], words, *args[3:], words.stride(0))
+            extra = dict(EVEN=m % cfg["BM"] == 0 and k % cfg["BN"] == 0)
         kernel = _cast_transpose_tensor_packed_kernel if packed else _cast_transpose_tensor_kernel
         kernel[(grid,)](*args, tiles_n, fmt.max, eps, ROW=rowwise, GIVEN=given, POW2=pow2,
-                        **cfg, **_consts(x, recipe))
+                        **cfg, **extra, **_consts(x, recipe))
     else:
         cfg = CONFIGS["cast"]
         grid = max(1, triton.cdiv(x.numel(), cfg["BLOCK"]))

@@ -25,6 +25,7 @@ from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _i
                                              _mag_max, _overflow_constants, _te_scale,
                                              _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.backends.triton.quantize_mx import _load_sub_tile
 from tealite.formats import Saturation, get_format
 
 BLOCK = 128
@@ -115,10 +116,11 @@ def _block_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride,
                             SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr,
                             OVF_TIE: tl.constexpr, OVF_CODE: tl.constexpr,
                             X_BF16: tl.constexpr, HW_FP8: tl.constexpr, BM: tl.constexpr,
-                            BN: tl.constexpr, GROUP_M: tl.constexpr = 1):
+                            BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
+                            EVEN: tl.constexpr = False):
     """1x128 blocks, columnwise (and rowwise with ROW), ``VARIANTS["ct"] == "packed"``: the
     bits of _block_cast_kernel.  BM = BN = 128; ``qt_ptr`` is x.T's codes as int32 words
-    (``qt_words`` per row); M % 4 == 0 (host)."""
+    (``qt_words`` per row); M % 4 == 0 (host); EVEN: whole tiles, unmasked loads."""
     S: tl.constexpr = BM // 4
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
@@ -130,7 +132,7 @@ def _block_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride,
     for j in tl.static_range(4):
         rows = pid_m * BM + sub * 4 + j
         mask = (rows < M)[:, None] & cmask
-        x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
         cmag = tl.maximum(cmag, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
         if ROW:
             scale = _te_scale(_mag_max(x, 1), fmax, eps, POW2)  # (S,)
@@ -147,8 +149,7 @@ def _block_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride,
     word = tl.zeros((S, BN), dtype=tl.int32)
     for j in tl.static_range(4):
         rows = pid_m * BM + sub * 4 + j
-        x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :],
-                     (rows < M)[:, None] & cmask, X_BF16)
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
         codes = _encode_fp8_sat(x * scale[None, :], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
                                 NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
         word = _into_word(word, codes, j, 8)
@@ -192,7 +193,8 @@ def quantize_block(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
                 as_kernel_arg(x), q if rowwise else dummy_q, s if rowwise else dummy_s, words,
                 st, m, k, s.shape[1] if rowwise else 0, st.shape[1], words.stride(0), fmt.max,
                 recipe.amax_epsilon, ROW=rowwise, BM=bm, BN=bn,
-                GROUP_M=group[0] if group else 1, num_warps=warps, **consts)
+                GROUP_M=group[0] if group else 1, num_warps=warps,
+                EVEN=m % bm == 0 and k % bn == 0, **consts)
         else:
             bm, bn, warps, *group = _TILES[(block[0], rowwise, columnwise)]
             _block_cast_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
