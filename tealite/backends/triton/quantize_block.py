@@ -49,9 +49,10 @@ _TILES = {
 # sets them; every variant gives the same bits, tests/test_triton_ct_variants.py).  "ct" of the
 # 1x128 cast-transpose: "trans" (tl.trans of the byte codes of a whole 128 x 128 tile, 128
 # values per thread at 4 warps: 255 registers and spills, cross-compiled) or "packed": the tile
-# as 4 interleaved row sub-tiles (rows 4i + j), read twice (column amaxes, then codes), one
-# sub-tile live at a time, the 4 codes of a column consecutive in x.T packed into a 32-bit word
-# so the transpose moves words.  Needs M % 4 == 0; 128x128 blocks keep "trans".
+# as 4 interleaved row sub-tiles (rows 4i + j), read twice (column amaxes, then codes), the 4
+# codes of a column consecutive in x.T packed into a 32-bit word so the transpose moves words
+# (cross-compiled at 4 warps: 232 registers, no spill; 8 warps: 116).  Needs M % 4 == 0;
+# 128x128 blocks keep "trans".
 VARIANTS = {"ct": "trans"}
 # Tiles of "packed" (BM = 128: one column block; BN = 128: one row block), per (rowwise,
 # columnwise) with columnwise; PACKED_SWEEP is what quantize_tiles.py tries (not yet measured).
