@@ -12,6 +12,15 @@ gives other bits, is reported and skipped.  Cast-transpose variants also sweep G
 tile order (``_codecs._tile_ids``: a 4th tuple entry or a ``GROUP_M`` key).
 Defaults live in ``quantize.CONFIGS``,
 ``quantize_block._TILES`` and ``quantize_mx._TILES``: set them from the fastest correct rows.
+
+``--variant`` (comma-separated, default ``default``) adds kernel variants (the modules'
+``VARIANTS``), each a '+'-joined set of atoms: ``packed`` (cast-transpose codes moved as
+32-bit words), ``arith`` (arithmetic E2M1 encoder), ``finite`` (MX encoders without the NaN
+fix-ups no NaN can reach); a row takes the variants whose atoms it has, over their own tiles,
+printed as ``NAME/VARIANT`` and checked bit for bit against the default kernel's outputs.
+``--tiles N`` times only the first N tiles of each list.  The command of the cast-transpose
+comparison is in docs/benchmarks.md.  ``fp8-delayed-ct`` is the per-tensor cast-transpose
+with a given scale: the kernel alone, without current scaling's amax pass.
 """
 from __future__ import annotations
 
@@ -33,6 +42,20 @@ def _setup():
 
 
 @contextlib.contextmanager
+def _settings(table, settings):
+    """Temporarily ``table.update(settings)`` (a module's kernel ``VARIANTS``; None: none)."""
+    old = dict(table or {})
+    if table is not None:
+        table.update(settings)
+    try:
+        yield
+    finally:
+        if table is not None:
+            table.clear()
+            table.update(old)
+
+
+@contextlib.contextmanager
 def _override(table, key, value):
     """Temporarily set ``table[key] = value`` (a launch-parameter entry)."""
     old = table[key]
@@ -41,6 +64,52 @@ def _override(table, key, value):
         yield
     finally:
         table[key] = old
+
+
+# A kernel variant is a '+'-joined set of these atoms: (VARIANTS key, value) of the module.
+_ATOMS = {"packed": ("ct", "packed"), "arith": ("e2m1", "arith"), "finite": ("nan", "skip")}
+
+
+def _kernel_variants(TQ, TQB, TQMX):
+    """row name -> (the module's VARIANTS, the atoms it takes, packed tiles (table, key,
+    [tiles]), other tiles to try with the default table); first tile = the current entry."""
+    mx_packed = (TQMX._PACKED_TILES, (True, True),
+                 [(64, 64, 2), (32, 64, 2), (32, 128, 2), (64, 128, 4), (128, 64, 4),
+                  (64, 64, 4), (32, 64, 1), (64, 64, 2, 8)])
+    tensor_packed = (TQ.CONFIGS, "cast_transpose_packed", [
+        dict(BM=bm, BN=bn, num_warps=w, GROUP_M=g) for bm, bn, w, g in
+        [(64, 128, 4, 1), (128, 128, 8, 1), (64, 64, 2, 1), (128, 64, 4, 1), (32, 128, 2, 1),
+         (64, 128, 4, 8)]])
+    mx_ct = [(32, 128, 2), (64, 64, 2)]
+    return {
+        "fp8-tensor-ct": (TQ.VARIANTS, {"packed"}, tensor_packed, []),
+        "fp8-delayed-ct": (TQ.VARIANTS, {"packed"}, tensor_packed, []),
+        "block1x128-ct": (TQB.VARIANTS, {"packed"},
+                          (TQB._PACKED_TILES, (1, True, True), TQB.PACKED_SWEEP), []),
+        "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite"}, mx_packed, mx_ct),
+        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite"}, mx_packed, mx_ct),
+        "mxfp8-row": (TQMX.VARIANTS, {"finite"}, None, [(64, 128, 4), (32, 256, 8)]),
+        "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite"}, None, [(64, 128, 4), (32, 256, 8)]),
+    }
+
+
+def _variant_runs(name, wanted, kernel_variants, table, key, configs):
+    """(label, VARIANTS table, settings, tile table, key, [tiles]) of the runs of row ``name``:
+    the default kernel, then every wanted variant whose atoms the row takes."""
+    runs = [(name, None, {}, table, key, configs)] if "default" in wanted else []
+    if name not in kernel_variants:
+        return runs
+    vtable, takes, packed, others = kernel_variants[name]
+    for v in wanted:
+        atoms = set(v.split("+"))
+        if v == "default" or not atoms <= takes:
+            continue
+        settings = dict(_ATOMS[a] for a in atoms)
+        if "packed" in atoms:
+            runs.append((f"{name}/{v}", vtable, settings, *packed))
+        else:
+            runs.append((f"{name}/{v}", vtable, settings, table, key, [table[key]] + others))
+    return runs
 
 
 def _variants(TQ, TQB, TQMX):
@@ -82,6 +151,9 @@ def _variants(TQ, TQB, TQMX):
                            lambda m, k: 2 * m * k + codes(m, k, 1) + 4),
         "fp8-tensor-ct": (cur, True, True, c, "cast_transpose", ct,
                           lambda m, k: 2 * m * k + codes(m, k, 2) + 8),
+        # A given scale: the cast-transpose kernel alone (+ the reported amax).
+        "fp8-delayed-ct": (R.DelayedScaling("e4m3"), True, True, c, "cast_transpose", ct[:3],
+                           lambda m, k: 2 * m * k + codes(m, k, 2) + 12),
         "fp8-row-row": (row, True, False, c, "row",
                         [dict(elems_per_thread=e, max_warps=w) for e, w in
                          [(16, 16), (8, 16), (32, 16), (16, 32), (8, 32)]],
@@ -120,17 +192,51 @@ def _same(a, b) -> bool:
                                              torch.equal(x, y)) for x, y in zip(a, b))
 
 
+def _sweep(label, fn, vtable, settings, table, key, configs, ref_bits, nbytes, copy_ms, args):
+    """Time ``fn`` over ``configs`` of ``table[key]`` (the current entry first, marked *) with
+    the kernel-variant ``settings`` applied to ``vtable``; print one row each."""
+    import triton.testing as tt
+    default = table[key]
+    configs = [default] + [c for c in configs if c != default]
+    if args.tiles:
+        configs = configs[:args.tiles]
+    for i, cfg in enumerate(configs):
+        tag = "*" if i == 0 else " "
+        try:
+            with _override(table, key, cfg), _settings(vtable, settings):
+                bits = _outputs(fn())
+                torch.cuda.synchronize()
+                if not _same(bits, ref_bits):
+                    print(f"  {label:30s}{tag} {cfg}: OUTPUT BITS DIFFER from the default")
+                    continue
+                ms = tt.do_bench(fn, rep=args.rep, return_mode="median")
+            print(f"  {label:30s}{tag} {str(cfg):44s} {ms * 1e3:8.1f} us "
+                  f"{nbytes / ms / 1e9:7.0f} GB/s {100 * copy_ms / ms:5.1f}% of copy")
+        except Exception as e:  # a config that does not compile / run: report, go on
+            msg = traceback.format_exception_only(type(e), e)[-1].strip()
+            print(f"  {label:30s}{tag} {cfg}: FAILED {msg[:200]}")
+            if i == 0:
+                break
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--m", type=int, default=16384)
     ap.add_argument("--k", type=int, default=8192)
-    ap.add_argument("--only", default="", help="run variants whose name contains this")
+    ap.add_argument("--only", default="",
+                    help="run the rows whose name contains this (comma-separated: any of them)")
     ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
+    ap.add_argument("--variant", default="default",
+                    help="comma-separated: default, or '+'-joined atoms of packed, arith, "
+                         "finite (e.g. packed+arith+finite)")
+    ap.add_argument("--tiles", type=int, default=0,
+                    help="time only the first N tiles of each list (0: all)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # interpreter smoke
     args = ap.parse_args()
     TQ, TQB, TQMX, codecs = _setup()
     import triton.testing as tt
     import tealite
+    from tealite import recipes as R
 
     t_start = time.time()
     m, k = args.m, args.k
@@ -138,6 +244,9 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
     x[0, :64] = torch.tensor([-0.0, 1e-30] * 32)  # signed zero, bf16 subnormal
+    # A NaN and an Inf block: the GPU bit check then covers the MX blocks whose scale is NaN
+    # (the "finite" variants rely on their codes never reaching an encoder as NaN).
+    x[1, 0], x[1, 40] = float("nan"), float("inf")
     print(f"device {torch.cuda.get_device_name(dev)}, x bf16 {m}x{k}, "
           f"hw_fp8={codecs.hw_fp8(dev)}")
     copy_cache = {}
@@ -151,42 +260,32 @@ def main() -> None:
                                         return_mode="median")
         return copy_cache[n]
 
+    kernel_variants = _kernel_variants(TQ, TQB, TQMX)
+    wanted = [v for v in args.variant.split(",") if v]
+    unknown = {v for v in wanted if v != "default" and not set(v.split("+")) <= set(_ATOMS)}
+    if unknown:
+        sys.exit(f"--variant: unknown {sorted(unknown)}; give 'default' or '+'-joined atoms "
+                 f"of {sorted(_ATOMS)}")
+    given = torch.full((1,), 3.0, device=dev)
     for name, (recipe, rw, cw, table, key, configs, nbytes) in \
             _variants(TQ, TQB, TQMX).items():
-        if args.only not in name:
+        if not any(o in name for o in args.only.split(",")):
             continue
         if recipe is None:
             fn = lambda: tealite.amax(x, backend="triton")  # noqa: E731
         else:
-            fn = lambda r=recipe, rw=rw, cw=cw: tealite.quantize(  # noqa: E731
-                x, r, rowwise=rw, columnwise=cw, backend="triton")
+            scale = given if isinstance(recipe, R.DelayedScaling) else None
+            fn = lambda r=recipe, rw=rw, cw=cw, s=scale: tealite.quantize(  # noqa: E731
+                x, r, rowwise=rw, columnwise=cw, scale=s, backend="triton")
+        runs = _variant_runs(name, wanted, kernel_variants, table, key, configs)
+        if not runs:
+            continue
         b = nbytes(m, k)
         cms = copy_ms(b)
-        ref_bits = None
-        default = table[key]
-        if default in configs:
-            configs = [default] + [c for c in configs if c != default]
-        else:
-            configs = [default] + configs
-        for i, cfg in enumerate(configs):
-            tag = "*" if i == 0 else " "
-            try:
-                with _override(table, key, cfg):
-                    bits = _outputs(fn())
-                    torch.cuda.synchronize()
-                    if ref_bits is None:
-                        ref_bits = bits
-                    elif not _same(bits, ref_bits):
-                        print(f"  {name:16s}{tag} {cfg}: OUTPUT BITS DIFFER from the default")
-                        continue
-                    ms = tt.do_bench(fn, rep=args.rep, return_mode="median")
-                print(f"  {name:16s}{tag} {str(cfg):44s} {ms * 1e3:8.1f} us "
-                      f"{b / ms / 1e9:7.0f} GB/s {100 * cms / ms:5.1f}% of copy")
-            except Exception as e:  # a config that does not compile / run: report, go on
-                msg = traceback.format_exception_only(type(e), e)[-1].strip()
-                print(f"  {name:16s}{tag} {cfg}: FAILED {msg[:200]}")
-                if i == 0:
-                    break
+        ref_bits = _outputs(fn())  # the default kernel and tile: every row must match it
+        torch.cuda.synchronize()
+        for label, vtable, settings, table, key, configs in runs:
+            _sweep(label, fn, vtable, settings, table, key, configs, ref_bits, b, cms, args)
     print(f"copy: {', '.join(f'{2 * n / ms / 1e9:.0f} GB/s' for n, ms in copy_cache.items())}"
           f"; total {time.time() - t_start:.0f} s")
 

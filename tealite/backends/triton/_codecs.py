@@ -16,7 +16,9 @@ Kernels in this package import from here.  Stable API (other kernels call these)
   the host passes ``hw_fp8(device)`` to let OCP RNE encodes use the hardware conversion
   (``_encode_fp8_hw``), which gives the same bits (tested exhaustively near every code
   boundary on the GPU) with ~5 instructions per element instead of ~30.
-* ``_encode_fp4(v, TIES_AWAY)`` -> int32 E2M1 codes (low 4 bits), saturating.
+* ``_encode_fp4(v, TIES_AWAY)`` -> int32 E2M1 codes (low 4 bits), saturating;
+  ``_encode_fp4_arith(v)`` the same RNE codes by fp32 arithmetic (fewer instructions).
+* ``_into_word(word, codes, j, BITS)`` -> a 32-bit word of codes of the packed cast-transposes.
 * ``_tile_ids(pid, tiles_m, tiles_n, GROUP_M)`` -> (pid_m, pid_n) of a tiled 2-D launch,
   row-major (GROUP_M 1) or grouped by GROUP_M tile rows (cast-transpose DRAM locality).
 * ``_te_scale(amax, fmax, eps, POW2)`` -> TE's fp32 scale from an amax.
@@ -71,22 +73,27 @@ def _encode_fp8(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.const
 
 
 @triton.jit
-def _encode_fp8_hw(v, fmax, MBITS: tl.constexpr, NAN_CODE: tl.constexpr):
+def _encode_fp8_hw(v, fmax, MBITS: tl.constexpr, NAN_CODE: tl.constexpr,
+                   FINITE: tl.constexpr = False):
     """OCP e4m3 (MBITS 3) / e5m2 (MBITS 2) codes by the hardware conversion: only where
     ``hw_fp8`` is true, which makes them ``_encode_fp8_int``'s bits (RNE, saturating; fmax
     the format's max, a code, so clamping before or after rounding is the same).
 
     The clamp keeps a saturating result whatever the lowering; NaN codes are then set to the
     integer encoder's: NAN_CODE with the input's sign bit (the conversion's NaN sign is not
-    specified)."""
-    c = tl.minimum(tl.maximum(v, -fmax), fmax)
+    specified).  ``FINITE`` (no NaN or Inf in ``v``) leaves out both: on sm_89+ Triton lowers
+    the cast to ``cvt.rn.satfinite``, which saturates every finite value by itself (checked
+    on the GPU by tests/test_triton_ct_variants.py; the cross-compiled PTX shows the cvt)."""
+    c = v if FINITE else tl.minimum(tl.maximum(v, -fmax), fmax)
     if MBITS == 2:
         q = c.to(tl.float8e5, fp_downcast_rounding="rtne")
     else:
         q = c.to(tl.float8e4nv, fp_downcast_rounding="rtne")
     code = q.to(tl.uint8, bitcast=True)
-    nan = tl.where(v.to(tl.int32, bitcast=True) < 0, NAN_CODE | 0x80, NAN_CODE)
-    return tl.where(v != v, nan.to(tl.uint8), code)
+    if not FINITE:
+        nan = tl.where(v.to(tl.int32, bitcast=True) < 0, NAN_CODE | 0x80, NAN_CODE)
+        code = tl.where(v != v, nan.to(tl.uint8), code)
+    return code
 
 
 @triton.jit
@@ -117,23 +124,28 @@ def _fmt_constants(fmt) -> dict:
 @triton.jit
 def _encode_fp8_rounded(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
                         FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-                        TIES_AWAY: tl.constexpr, HW_FP8: tl.constexpr = False):
+                        TIES_AWAY: tl.constexpr, HW_FP8: tl.constexpr = False,
+                        FINITE: tl.constexpr = False):
     """``_encode_fp8`` with the element rounding chosen: RNE, or (``TIES_AWAY``) round to
     nearest with exact ties moved away from zero (MX recipes allow it for FP8 elements).
     Saturating to +-fmax in both modes, as the MX spec requires.  With ``HW_FP8`` (host:
     ``hw_fp8(device)``) OCP RNE codes come from the hardware conversion; FNUZ and ties-away
-    always use the integer encoder."""
+    always use the integer encoder.  ``FINITE``: the caller guarantees that ``v`` is finite
+    (the MX kernels' descaled values: a block with NaN or Inf gets the NaN scale, and
+    ``_mx_descale`` then gives 0), so the NaN fix-ups (and the hardware path's clamp) are left
+    out: the same codes for every finite value, unspecified ones for NaN / Inf."""
     if HW_FP8 and not FNUZ and not TIES_AWAY:
-        code = _encode_fp8_hw(v, fmax, MBITS, NAN_CODE)
+        code = _encode_fp8_hw(v, fmax, MBITS, NAN_CODE, FINITE)
     else:
-        code = _encode_fp8_int(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, TIES_AWAY)
+        code = _encode_fp8_int(v, fmax, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, TIES_AWAY,
+                               FINITE)
     return code
 
 
 @triton.jit
 def _encode_fp8_int(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
                     FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
-                    TIES_AWAY: tl.constexpr):
+                    TIES_AWAY: tl.constexpr, FINITE: tl.constexpr = False):
     """The integer encoder behind ``_encode_fp8_rounded``: every target, the interpreter
     included.
 
@@ -141,9 +153,9 @@ def _encode_fp8_int(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.c
     a code step), and equals half the step exactly only at a midpoint."""
     bits = v.to(tl.int32, bitcast=True)
     neg = bits < 0
-    is_nan = v != v
     a = tl.minimum(tl.abs(v), fmax)
-    a = tl.where(is_nan, 0.0, a)
+    if not FINITE:
+        a = tl.where(v != v, 0.0, a)
     e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     s = tl.maximum(e, EMIN) - MBITS
     magic = ((s + 23 + 127) << 23).to(tl.float32, bitcast=True)
@@ -165,10 +177,12 @@ def _encode_fp8_int(v, fmax, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.c
     else:
         sign = tl.where(neg, 0x80, 0)
     code = code | sign
-    if FNUZ:
-        code = tl.where(is_nan, NAN_CODE, code)
+    if FINITE:
+        pass
+    elif FNUZ:
+        code = tl.where(v != v, NAN_CODE, code)
     else:
-        code = tl.where(is_nan, NAN_CODE | tl.where(neg, 0x80, 0), code)
+        code = tl.where(v != v, NAN_CODE | tl.where(neg, 0x80, 0), code)
     return code.to(tl.uint8)
 
 
@@ -203,6 +217,35 @@ def _encode_fp4(v, TIES_AWAY: tl.constexpr):
     return code | tl.where(v != v, sign ^ 8, sign)
 
 
+
+@triton.jit
+def _encode_fp4_arith(v, FINITE: tl.constexpr = False):
+    """``_encode_fp4(v, TIES_AWAY=False)``'s codes (RNE) by fp32 arithmetic instead of the
+    comparison ladder: about half the instructions per element (Hopper has no E2M1
+    conversion, and the ladder left the MXFP4 kernels instruction-bound).
+
+    |v| is clamped to 6.0 on its bits (6.0 is a code, so clamping before rounding is
+    saturation).  The E2M1 grid step is 0.5 below 2, 1 in [2, 4) and 2 in [4, 6]: with f the
+    exponent field of |v| raised to at least 127, adding M = 2^(f - 105) (an fp32 whose ulp
+    is that step) rounds |v| to the grid in one IEEE RNE addition, and the low bits of the sum
+    count the steps: code = bits(|v| + M) - bits(M) + 2 (f - 127).  A value rounding up into
+    the next binade carries into the right code by itself.  Sign and NaN as the ladder
+    (NaN: 0b1000 for a positive-signed NaN, 0b0000 for a negative-signed one).  Proven equal
+    to the ladder on every fp32 input in the deciding range (tests/test_triton_ct_variants.py)."""
+    bits = v.to(tl.int32, bitcast=True)
+    mag = tl.minimum(bits & 0x7FFFFFFF, 0x40C00000)  # NaN / Inf / > 6 -> 6.0 (NaN fixed below)
+    f = tl.maximum(mag >> 23, 127)
+    magic = (f + 22) << 23
+    y = mag.to(tl.float32, bitcast=True) + magic.to(tl.float32, bitcast=True)
+    code = y.to(tl.int32, bitcast=True) - magic + 2 * (f - 127)
+    sign = (bits >> 28) & 8  # arithmetic shift: bit 31 -> bit 3
+    if not FINITE:  # FINITE: v is finite (the caller's guarantee, as _encode_fp8_rounded's)
+        code = tl.where(v != v, sign ^ 8, code | sign)
+    else:
+        code = code | sign
+    return code
+
+
 # ---- tile order ------------------------------------------------------------------------------
 
 @triton.jit
@@ -228,6 +271,14 @@ def _tile_ids(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
         pid_n = (pid % per_group) // group_rows
     return pid_m, pid_n
 
+
+
+@triton.jit
+def _into_word(word, codes, j, BITS: tl.constexpr):
+    """``word`` (int32) with the uint8 ``codes`` of sub-tile ``j`` in bits [j*BITS, (j+1)*BITS):
+    the packed cast-transposes (quantize.py, quantize_mx.py) build a row of x.T as 32-bit
+    words, codes in little-endian byte (nibble) order, as the byte layout has them."""
+    return word | (codes.to(tl.int32) << (j * BITS))
 
 # ---- MX (E8M0 block scales) ------------------------------------------------------------------
 

@@ -26,12 +26,12 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES, PLATFORM
-from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
-                                             _overflow_constants, _te_scale, _tile_ids,
-                                             hw_fp8)
+from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _into_word,
+                                             _mag_max, _overflow_constants, _te_scale,
+                                             _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton.quantize_block import quantize_block
-from tealite.backends.triton.quantize_mx import MX_BLOCK, quantize_mx
+from tealite.backends.triton.quantize_mx import MX_BLOCK, _load_sub_tile, quantize_mx
 from tealite.formats import FP8_FORMATS, FP8ScaleRule, Saturation, get_format
 from tealite.recipe_facts import outside
 from tealite.recipes import Family, Granularity
@@ -61,6 +61,14 @@ CONFIGS = {
     # (H100: 128x64 / 4 warps 53 % of copy, 128x128 / 8 warps 40 %.)
     "per_row_tiles": dict(BM=128, BN=64, num_warps=4, GROUP_M=1),
 }
+# Kernel variants, read at every launch like CONFIGS (benchmarks/quantize_tiles.py --variant
+# sets them; every variant gives the same bits, tests/test_triton_ct_variants.py).  "ct" of the
+# per-tensor cast-transpose: "trans" transposes the byte codes with tl.trans (shared memory one
+# byte at a time); "packed" reads the tile as 4 interleaved row sub-tiles (rows 4i + j) and
+# packs the 4 codes of a column that are consecutive in x.T into a 32-bit word, so the
+# transpose moves words (tile: CONFIGS["cast_transpose_packed"]).  Needs M % 4 == 0.
+VARIANTS = {"ct": "trans"}
+CONFIGS["cast_transpose_packed"] = dict(BM=64, BN=128, num_warps=4, GROUP_M=1)  # not yet swept
 
 
 @triton.jit
@@ -147,6 +155,55 @@ def _cast_transpose_tensor_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_ptr, sin
                  mask=rmask[:, None] & cmask[None, :])
     tl.store(qt_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :], tl.trans(codes),
              mask=cmask[:, None] & rmask[None, :])
+
+
+@triton.jit
+def _cast_transpose_tensor_packed_kernel(x_ptr, q_ptr, qt_ptr, scale_ptr, amax_ptr, sinv_ptr,
+                                         sinvt_ptr, pamax_ptr, M, K, qt_words, tiles_n, fmax,
+                                         eps, ROW: tl.constexpr, GIVEN: tl.constexpr,
+                                         POW2: tl.constexpr, SATURATE: tl.constexpr,
+                                         MBITS: tl.constexpr, EMIN: tl.constexpr,
+                                         BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                                         NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                                         OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
+                                         OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
+                                         HW_FP8: tl.constexpr, BM: tl.constexpr,
+                                         BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
+                                         EVEN: tl.constexpr = False):
+    """``_cast_transpose_tensor_kernel``'s bits with ``VARIANTS["ct"] == "packed"``: one
+    scale, so each code serves both directions; sub-tile j (rows 4i + j) is read once, its
+    codes stored rowwise and shifted into byte j of the words of x.T (``qt_ptr``: int32,
+    ``qt_words`` per row).  M % 4 == 0 (host); EVEN: whole tiles, unmasked loads."""
+    S: tl.constexpr = BM // 4
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tiles_n, GROUP_M)
+    scale = _tensor_scale(scale_ptr, amax_ptr, fmax, eps, GIVEN, POW2)
+    if pid == 0:
+        sinv = tl.math.div_rn(1.0, scale)
+        tl.store(sinvt_ptr, sinv)
+        if ROW:
+            tl.store(sinv_ptr, sinv)
+    sub = tl.arange(0, S)
+    cols = pid_n * BN + tl.arange(0, BN)
+    cmask = (cols < K)[None, :]
+    word = tl.zeros((S, BN), dtype=tl.int32)
+    mag = tl.zeros((S, BN), dtype=tl.int32)
+    for j in tl.static_range(4):
+        rows = pid_m * BM + sub * 4 + j
+        mask = (rows < M)[:, None] & cmask
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
+        if GIVEN:  # the integer max of the magnitude bits, as _mag_max
+            mag = tl.maximum(mag, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        codes = _encode_fp8_sat(x * scale, fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                                SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
+        if ROW:
+            tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], codes, mask=mask)
+        word = _into_word(word, codes, j, 8)
+    if GIVEN:
+        tl.store(pamax_ptr + pid, tl.max(tl.max(mag, 1), 0).to(tl.float32, bitcast=True))
+    words = pid_m * S + sub
+    tl.store(qt_ptr + cols.to(tl.int64)[:, None] * qt_words + words[None, :], tl.trans(word),
+             mask=tl.trans(cmask) & (words < qt_words)[None, :])
 
 
 @triton.jit
@@ -284,16 +341,23 @@ def _per_tensor(x: torch.Tensor, recipe, scale, rowwise: bool, columnwise: bool)
     qt = sinvt = None
     xk = as_kernel_arg(x)
     if columnwise:
-        cfg = CONFIGS["cast_transpose"]
+        packed = VARIANTS["ct"] == "packed" and m > 0 and m % 4 == 0
+        cfg = CONFIGS["cast_transpose_packed" if packed else "cast_transpose"]
         qt = torch.empty((k, m), dtype=torch.uint8, device=dev)
         sinvt = torch.empty(1, dtype=torch.float32, device=dev)
         tiles_n = max(1, triton.cdiv(k, cfg["BN"]))
         grid = max(1, triton.cdiv(m, cfg["BM"]) * triton.cdiv(k, cfg["BN"]))
         pamax = torch.empty(grid, dtype=torch.float32, device=dev)
-        _cast_transpose_tensor_kernel[(grid,)](
-            xk, q if rowwise else qt, qt, scale if given else sinv, amax if amax is not None
-            else sinv, sinv, sinvt, pamax, m, k, tiles_n, fmt.max, eps, ROW=rowwise, GIVEN=given,
-            POW2=pow2, **cfg, **_consts(x, recipe))
+        args = (xk, q if rowwise else qt, qt, scale if given else sinv,
+                amax if amax is not None else sinv, sinv, sinvt, pamax, m, k)
+        extra = {}
+        if packed:
+            words = qt.view(torch.int32)
+            args = (*args[:2], words, *args[3:], words.stride(0))
+            extra = dict(EVEN=m % cfg["BM"] == 0 and k % cfg["BN"] == 0)
+        kernel = _cast_transpose_tensor_packed_kernel if packed else _cast_transpose_tensor_kernel
+        kernel[(grid,)](*args, tiles_n, fmt.max, eps, ROW=rowwise, GIVEN=given, POW2=pow2,
+                        **cfg, **extra, **_consts(x, recipe))
     else:
         cfg = CONFIGS["cast"]
         grid = max(1, triton.cdiv(x.numel(), cfg["BLOCK"]))

@@ -21,10 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _mag_max,
-                                             _overflow_constants, _te_scale, _tile_ids,
-                                             hw_fp8)
+from tealite.backends.triton._codecs import (_encode_fp8_sat, _fmt_constants, _into_word,
+                                             _mag_max, _overflow_constants, _te_scale,
+                                             _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.backends.triton.quantize_mx import _load_sub_tile
 from tealite.formats import Saturation, get_format
 
 BLOCK = 128
@@ -44,6 +45,19 @@ _TILES = {
     (128, False, True): (128, 128, 8),
     (128, True, True): (128, 128, 8),
 }
+# Kernel variants, read at every launch like _TILES (benchmarks/quantize_tiles.py --variant
+# sets them; every variant gives the same bits, tests/test_triton_ct_variants.py).  "ct" of the
+# 1x128 cast-transpose: "trans" (tl.trans of the byte codes of a whole 128 x 128 tile, 128
+# values per thread at 4 warps: 255 registers and spills, cross-compiled) or "packed": the tile
+# as 4 interleaved row sub-tiles (rows 4i + j), read twice (column amaxes, then codes), the 4
+# codes of a column consecutive in x.T packed into a 32-bit word so the transpose moves words
+# (cross-compiled at 4 warps: 232 registers, no spill; 8 warps: 116).  Needs M % 4 == 0;
+# 128x128 blocks keep "trans".
+VARIANTS = {"ct": "trans"}
+# Tiles of "packed" (BM = 128: one column block; BN = 128: one row block), per (rowwise,
+# columnwise) with columnwise; PACKED_SWEEP is what quantize_tiles.py tries (not yet measured).
+_PACKED_TILES = {(1, False, True): (128, 128, 4), (1, True, True): (128, 128, 4)}
+PACKED_SWEEP = [(128, 128, 4), (128, 128, 8), (128, 128, 2), (128, 128, 4, 8)]
 
 
 @triton.jit
@@ -95,6 +109,56 @@ def _block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_s
                      tl.math.div_rn(1.0, scale), mask=cmask)
 
 
+@triton.jit
+def _block_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, s_stride, st_stride,
+                            qt_words, fmax, eps, ROW: tl.constexpr, POW2: tl.constexpr,
+                            SATURATE: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                            BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+                            SUB_SCALE: tl.constexpr, OVF_THRESH: tl.constexpr,
+                            OVF_TIE: tl.constexpr, OVF_CODE: tl.constexpr,
+                            X_BF16: tl.constexpr, HW_FP8: tl.constexpr, BM: tl.constexpr,
+                            BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
+                            EVEN: tl.constexpr = False):
+    """1x128 blocks, columnwise (and rowwise with ROW), ``VARIANTS["ct"] == "packed"``: the
+    bits of _block_cast_kernel.  BM = BN = 128; ``qt_ptr`` is x.T's codes as int32 words
+    (``qt_words`` per row); M % 4 == 0 (host); EVEN: whole tiles, unmasked loads."""
+    S: tl.constexpr = BM // 4
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
+    sub = tl.arange(0, S)
+    cols = pid_n * BN + tl.arange(0, BN)
+    cmask = (cols < K)[None, :]
+    # Pass 1: rowwise blocks (one per sub-tile row), column magnitudes over the sub-tiles.
+    cmag = tl.zeros((S, BN), dtype=tl.int32)
+    for j in tl.static_range(4):
+        rows = pid_m * BM + sub * 4 + j
+        mask = (rows < M)[:, None] & cmask
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
+        cmag = tl.maximum(cmag, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        if ROW:
+            scale = _te_scale(_mag_max(x, 1), fmax, eps, POW2)  # (S,)
+            codes = _encode_fp8_sat(x * scale[:, None], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
+                                    NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
+            tl.store(q_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :], codes, mask=mask)
+            tl.store(s_ptr + rows.to(tl.int64) * s_stride + pid_n, tl.math.div_rn(1.0, scale),
+                     mask=rows < M)
+    # The column block's amax: the integer max of the magnitude bits, as _mag_max.
+    scale = _te_scale(tl.max(cmag, 0).to(tl.float32, bitcast=True), fmax, eps, POW2)  # (BN,)
+    tl.store(st_ptr + cols.to(tl.int64) * st_stride + pid_m, tl.math.div_rn(1.0, scale),
+             mask=cols < K)
+    # Pass 2: the sub-tiles again (cache hits), codes shifted into byte j of the words.
+    word = tl.zeros((S, BN), dtype=tl.int32)
+    for j in tl.static_range(4):
+        rows = pid_m * BM + sub * 4 + j
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
+        codes = _encode_fp8_sat(x * scale[None, :], fmax, SATURATE, MBITS, EMIN, BIAS, FNUZ,
+                                NAN_CODE, SUB_SCALE, OVF_THRESH, OVF_TIE, OVF_CODE, HW_FP8)
+        word = _into_word(word, codes, j, 8)
+    words = pid_m * S + sub
+    tl.store(qt_ptr + cols.to(tl.int64)[:, None] * qt_words + words[None, :], tl.trans(word),
+             mask=tl.trans(cmask) & (words < qt_words)[None, :])
+
+
 def _scale_shape(rows: int, cols: int, block: tuple[int, int]) -> tuple[int, int]:
     """scale_inv shape of a rowwise block quantization of a (rows, cols) matrix."""
     bm, bn = block
@@ -117,18 +181,28 @@ def quantize_block(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
         qt = torch.empty((k, m), dtype=torch.uint8, device=dev)
         st = torch.empty(_scale_shape(k, m, block), dtype=torch.float32, device=dev)
     if m and k:
-        bm, bn, warps, *group = _TILES[(block[0], rowwise, columnwise)]
-        consts = dict(_fmt_constants(fmt), **_overflow_constants(fmt))
+        consts = dict(_fmt_constants(fmt), **_overflow_constants(fmt),
+                      POW2=recipe.force_pow2_scales,
+                      SATURATE=recipe.saturation is Saturation.SATURATE,
+                      X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device))
         dummy_q = torch.empty(1, dtype=torch.uint8, device=dev)
         dummy_s = torch.empty(1, dtype=torch.float32, device=dev)
-        grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
-        _block_cast_kernel[grid](
-            as_kernel_arg(x), q if rowwise else dummy_q, s if rowwise else dummy_s,
-            qt if columnwise else dummy_q, st if columnwise else dummy_s, m, k,
-            s.shape[1] if rowwise else 0, st.shape[1] if columnwise else 0, fmt.max,
-            recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=block[0] == BLOCK,
-            POW2=recipe.force_pow2_scales, SATURATE=recipe.saturation is Saturation.SATURATE,
-            X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device), BM=bm, BN=bn,
-            GROUP_M=group[0] if group else 1, num_warps=warps, **consts)
+        if columnwise and block[0] == 1 and VARIANTS["ct"] == "packed" and m % 4 == 0:
+            bm, bn, warps, *group = _PACKED_TILES[(1, rowwise, columnwise)]
+            words = qt.view(torch.int32)
+            _block_ct_packed_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
+                as_kernel_arg(x), q if rowwise else dummy_q, s if rowwise else dummy_s, words,
+                st, m, k, s.shape[1] if rowwise else 0, st.shape[1], words.stride(0), fmt.max,
+                recipe.amax_epsilon, ROW=rowwise, BM=bm, BN=bn,
+                GROUP_M=group[0] if group else 1, num_warps=warps,
+                EVEN=m % bm == 0 and k % bn == 0, **consts)
+        else:
+            bm, bn, warps, *group = _TILES[(block[0], rowwise, columnwise)]
+            _block_cast_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
+                as_kernel_arg(x), q if rowwise else dummy_q, s if rowwise else dummy_s,
+                qt if columnwise else dummy_q, st if columnwise else dummy_s, m, k,
+                s.shape[1] if rowwise else 0, st.shape[1] if columnwise else 0, fmt.max,
+                recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=block[0] == BLOCK,
+                BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps, **consts)
     view = lambda t: None if t is None else t.view(fmt.torch_dtype)  # noqa: E731
     return view(q), s, view(qt), st

@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp8_rounded,
+from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp4_arith,
+                                             _encode_fp8_rounded, _into_word,
                                              _fmt_constants, _mag_max, _mx_descale,
                                              _mx_scale_constants,
                                              _tile_ids, hw_fp8)
@@ -47,19 +48,43 @@ MX_BLOCK = 32
 # shared-memory reduction and barrier per tile).  (32x128/2 is 51.9 % for MXFP8 but 28.2 % for
 # MXFP4; one warp spills for MXFP4.)  Columnwise-only takes the same tile (not swept apart).
 _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True): (32, 64, 2)}
+# Kernel variants, read at every launch like _TILES (benchmarks/quantize_tiles.py --variant sets
+# them; every variant gives the same bits, tests/test_triton_ct_variants.py):
+# * "ct": "trans" transposes the (BM, BN) byte codes with tl.trans (the compiler moves them
+#   through shared memory one byte at a time); "packed" reads the tile as R interleaved row
+#   sub-tiles (rows R*i + j), so a thread holds the R codes of one column that are
+#   consecutive in x.T and packs them into a 32-bit word (R = 4 FP8 codes or 8 e2m1 nibbles):
+#   the transpose moves words, a quarter of the shared-memory operations, and a column block's
+#   amax is first an elementwise max over the sub-tiles.  The sub-tiles are read twice (the
+#   second time from L1/L2): amaxes first, then the codes.  Needs M % R == 0 (else "trans").
+# * "e2m1": "ladder" (_codecs._encode_fp4) or "arith" (_codecs._encode_fp4_arith, RNE only;
+#   ties-away keeps the ladder).
+# * "nan": "fix" (the encoders' NaN / Inf handling, dead code here) or "skip": every value
+#   reaching an encoder is finite (a block holding NaN or Inf gets scale 255 and _mx_descale
+#   gives 0; any other block's descaled values are finite), so the encoders' NaN fix-ups and
+#   the hardware FP8 path's clamp are left out (FINITE).
+VARIANTS = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
+# Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
+# multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
+# those cross-compiled (benchmarks/quantize_ptx.py); not yet timed on a GPU.
+_PACKED_TILES = {(False, True): (64, 64, 2), (True, True): (64, 64, 2)}
 
 
 @triton.jit
 def _mx_encode(y, FP4: tl.constexpr, TIES_AWAY: tl.constexpr, FMAX: tl.constexpr,
                MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
-               NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr, HW_FP8: tl.constexpr):
+               NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr, HW_FP8: tl.constexpr,
+               FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False):
     """uint8 element codes of descaled values (E2M1 nibbles or FP8 bytes); one byte per
-    code keeps the shared-memory transpose of the cast-transpose small."""
-    if FP4:
+    code keeps the shared-memory transpose of the cast-transpose small.  FP4_ARITH: the
+    arithmetic E2M1 encoder (same codes, RNE only)."""
+    if FP4 and FP4_ARITH and not TIES_AWAY:
+        return _encode_fp4_arith(y, FINITE).to(tl.uint8)
+    elif FP4:
         return _encode_fp4(y, TIES_AWAY).to(tl.uint8)
     else:
         return _encode_fp8_rounded(y, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE,
-                                   TIES_AWAY, HW_FP8)
+                                   TIES_AWAY, HW_FP8, FINITE)
 
 
 @triton.jit
@@ -89,6 +114,38 @@ def _store_codes(ptr, codes, rows, col0, n_rows, n_cols, row_bytes, FP4: tl.cons
 
 
 @triton.jit
+def _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4: tl.constexpr,
+             TIES_AWAY: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr,
+             MBITS: tl.constexpr, FMAX: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+             FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+             HW_FP8: tl.constexpr, FP4_ARITH: tl.constexpr, FINITE: tl.constexpr,
+             R: tl.constexpr,
+             BN: tl.constexpr):
+    """Rowwise MX quantization of the fp32 (R, BN) tile ``x`` at x's ``rows`` and tile column
+    ``pid_n``: its 1x32 block scales and codes stored."""
+    xb = tl.reshape(x, (R, BN // 32, 32))
+    byte = _e8m0_scale(_mag_max(xb, 2), MODE, EMAX, MBITS, FMAX)  # (R, BN // 32)
+    y = _mx_descale(xb, byte[:, :, None])
+    codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
+                                  NAN_CODE, SUB_SCALE, HW_FP8, FP4_ARITH, FINITE), (R, BN))
+    _store_codes(q_ptr, codes, rows, pid_n * BN, M, K, q_row_bytes, FP4, R, BN)
+    kb = pid_n * (BN // 32) + tl.arange(0, BN // 32)
+    smask = (rows < M)[:, None] & (kb < tl.cdiv(K, 32))[None, :]
+    tl.store(s_ptr + rows.to(tl.int64)[:, None] * s_stride + kb[None, :],
+             byte.to(tl.uint8), mask=smask)
+
+
+@triton.jit
+def _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM: tl.constexpr):
+    """Store the (BM // 32, BN) columnwise scale bytes of tile row ``pid_m`` into the
+    (K, ceil(M / 32)) scale matrix."""
+    mb = pid_m * (BM // 32) + tl.arange(0, BM // 32)
+    smask = (cols < K)[:, None] & (mb < tl.cdiv(M, 32))[None, :]
+    tl.store(st_ptr + cols.to(tl.int64)[:, None] * st_stride + mb[None, :],
+             tl.trans(byte).to(tl.uint8), mask=smask)
+
+
+@triton.jit
 def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_row_bytes,
                     s_stride, st_stride,
                     ROW: tl.constexpr, COL: tl.constexpr, FP4: tl.constexpr,
@@ -96,7 +153,8 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
                     MBITS: tl.constexpr, FMAX: tl.constexpr, EMIN: tl.constexpr,
                     BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
                     SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1):
+                    BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
+                    FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False):
     pid = tl.program_id(0)
     pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -104,28 +162,85 @@ def _mx_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_r
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
     if ROW:
-        xb = tl.reshape(x, (BM, BN // 32, 32))
-        byte = _e8m0_scale(_mag_max(xb, 2), MODE, EMAX, MBITS, FMAX)  # (BM, BN // 32)
-        y = _mx_descale(xb, byte[:, :, None])
-        codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
-                                      NAN_CODE, SUB_SCALE, HW_FP8), (BM, BN))
-        _store_codes(q_ptr, codes, rows, pid_n * BN, M, K, q_row_bytes, FP4, BM, BN)
-        kb = pid_n * (BN // 32) + tl.arange(0, BN // 32)
-        smask = (rows < M)[:, None] & (kb < tl.cdiv(K, 32))[None, :]
-        tl.store(s_ptr + rows.to(tl.int64)[:, None] * s_stride + kb[None, :],
-                 byte.to(tl.uint8), mask=smask)
+        _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4, TIES_AWAY,
+                 MODE, EMAX, MBITS, FMAX, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, HW_FP8,
+                 FP4_ARITH, FINITE, BM, BN)
     if COL:
         xb = tl.reshape(x, (BM // 32, 32, BN))
         byte = _e8m0_scale(_mag_max(xb, 1), MODE, EMAX, MBITS, FMAX)  # (BM // 32, BN)
         y = _mx_descale(xb, byte[:, None, :])
         codes = tl.reshape(_mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ,
-                                      NAN_CODE, SUB_SCALE, HW_FP8), (BM, BN))
+                                      NAN_CODE, SUB_SCALE, HW_FP8, FP4_ARITH, FINITE), (BM, BN))
         _store_codes(qt_ptr, tl.trans(codes), cols, pid_m * BM, K, M, qt_row_bytes, FP4, BN,
                      BM)
-        mb = pid_m * (BM // 32) + tl.arange(0, BM // 32)
-        smask = (cols < K)[:, None] & (mb < tl.cdiv(M, 32))[None, :]
-        tl.store(st_ptr + cols.to(tl.int64)[:, None] * st_stride + mb[None, :],
-                 tl.trans(byte).to(tl.uint8), mask=smask)
+        _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM)
+
+
+@triton.jit
+def _load_sub_tile(x_ptr, rows, cols, M, K, EVEN: tl.constexpr, X_BF16: tl.constexpr):
+    """fp32 x[rows, cols]; with EVEN every element is inside x, and a constant mask lets the
+    compiler drop the per-element predicates and the zero fill."""
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    if EVEN:
+        x = load_f32(x_ptr, offs, True, X_BF16)
+    else:
+        x = load_f32(x_ptr, offs, (rows < M)[:, None] & (cols < K)[None, :], X_BF16)
+    return x
+
+
+@triton.jit
+def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_words,
+                         s_stride, st_stride,
+                         ROW: tl.constexpr, FP4: tl.constexpr,
+                         TIES_AWAY: tl.constexpr, MODE: tl.constexpr, EMAX: tl.constexpr,
+                         MBITS: tl.constexpr, FMAX: tl.constexpr, EMIN: tl.constexpr,
+                         BIAS: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+                         SUB_SCALE: tl.constexpr, X_BF16: tl.constexpr, HW_FP8: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr = 1,
+                         FP4_ARITH: tl.constexpr = False, FINITE: tl.constexpr = False,
+                         EVEN: tl.constexpr = False):
+    """The cast-transpose of ``VARIANTS["ct"] == "packed"`` (columnwise, and rowwise with ROW):
+    the same bits as _mx_cast_kernel.  The (BM, BN) tile is R row sub-tiles, sub-tile j
+    holding rows R*i + j; ``qt_ptr`` is the columnwise code matrix as int32 words
+    (``qt_words`` per row of x.T), word (n, w) the R codes of column n at rows R*w .. R*w+R-1
+    (byte / nibble order = row order, as the byte layout).  M % R == 0 (host); EVEN: whole
+    tiles (M % BM == K % BN == 0), the loads need no mask."""
+    R: tl.constexpr = 8 if FP4 else 4  # codes per 32-bit word
+    BITS: tl.constexpr = 4 if FP4 else 8
+    S: tl.constexpr = BM // R  # rows per sub-tile
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(K, BN), GROUP_M)
+    sub = tl.arange(0, S)
+    cols = pid_n * BN + tl.arange(0, BN)
+    cmask = (cols < K)[None, :]
+    # Pass 1: rowwise output, and the column magnitudes reduced over the sub-tiles.
+    cmag = tl.zeros((S, BN), dtype=tl.int32)
+    for j in tl.static_range(R):
+        rows = pid_m * BM + sub * R + j
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
+        cmag = tl.maximum(cmag, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        if ROW:
+            _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, FP4,
+                     TIES_AWAY, MODE, EMAX, MBITS, FMAX, EMIN, BIAS, FNUZ, NAN_CODE,
+                     SUB_SCALE, HW_FP8, FP4_ARITH, FINITE, S, BN)
+    # A 32-row block is 32 // R consecutive sub-tile rows: the integer max of the magnitude
+    # bits, as _mag_max (exact, NaN-propagating).
+    amax = tl.max(tl.reshape(cmag, (BM // 32, 32 // R, BN)), axis=1).to(tl.float32,
+                                                                         bitcast=True)
+    byte = _e8m0_scale(amax, MODE, EMAX, MBITS, FMAX)  # (BM // 32, BN)
+    # Pass 2: the sub-tiles again (cache hits), each code shifted into its slot of the word.
+    word = tl.zeros((S, BN), dtype=tl.int32)
+    for j in tl.static_range(R):
+        rows = pid_m * BM + sub * R + j
+        x = _load_sub_tile(x_ptr, rows, cols, M, K, EVEN, X_BF16)
+        y = _mx_descale(tl.reshape(x, (BM // 32, 32 // R, BN)), byte[:, None, :])
+        codes = _mx_encode(y, FP4, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                           SUB_SCALE, HW_FP8, FP4_ARITH, FINITE)
+        word = _into_word(word, tl.reshape(codes, (S, BN)), j, BITS)
+    words = pid_m * S + sub
+    tl.store(qt_ptr + cols.to(tl.int64)[:, None] * qt_words + words[None, :], tl.trans(word),
+             mask=tl.trans(cmask) & (words < qt_words)[None, :])
+    _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM)
 
 
 def _n_blocks(n: int) -> int:
@@ -148,6 +263,12 @@ def _codes_tensor(rows: int, cols: int, fmt, device) -> torch.Tensor:
                        device=device)
 
 
+def _packs(m: int, fmt) -> bool:
+    """Whether the "packed" cast-transpose runs: chosen, and each row of x.T is whole 32-bit
+    words of codes (4 FP8 codes, 8 e2m1 nibbles)."""
+    return VARIANTS["ct"] == "packed" and m % (8 if fmt.packed else 4) == 0
+
+
 def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
     """(data, scale_inv, columnwise_data, columnwise_scale_inv) of an MX recipe; the
     directions not asked for are None."""
@@ -163,18 +284,27 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
         qt = _codes_tensor(k, m, fmt, dev)
         st = torch.empty((k, _n_blocks(m)), dtype=torch.uint8, device=dev)
     if m and k:
-        bm, bn, warps, *group = _TILES[(rowwise, columnwise)]
-        consts = dict(_fmt_constants(fmt), **_mx_scale_constants(fmt.name, recipe.scale_rounding))
+        consts = dict(_fmt_constants(fmt), **_mx_scale_constants(fmt.name, recipe.scale_rounding),
+                      FP4=fmt.packed, TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16,
+                      HW_FP8=hw_fp8(x.device), FP4_ARITH=VARIANTS["e2m1"] == "arith",
+                      FINITE=VARIANTS["nan"] == "skip")
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
-        grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
-        _mx_cast_kernel[grid](
-            as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s,
-            dummy if qt is None else qt, dummy if st is None else st, m, k,
-            _row_stride(q), _row_stride(qt), _row_stride(s),
-            _row_stride(st), ROW=rowwise, COL=columnwise, FP4=fmt.packed,
-            TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16,
-            HW_FP8=hw_fp8(x.device), BM=bm, BN=bn, GROUP_M=group[0] if group else 1,
-            num_warps=warps, **consts)
+        if columnwise and _packs(m, fmt):
+            bm, bn, warps, *group = _PACKED_TILES[(rowwise, columnwise)]
+            words = qt.view(torch.int32)
+            _mx_ct_packed_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
+                as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s, words,
+                st, m, k, _row_stride(q), words.stride(0), _row_stride(s), _row_stride(st),
+                ROW=rowwise, BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps,
+                EVEN=m % bm == 0 and k % bn == 0, **consts)
+        else:
+            bm, bn, warps, *group = _TILES[(rowwise, columnwise)]
+            _mx_cast_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
+                as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s,
+                dummy if qt is None else qt, dummy if st is None else st, m, k,
+                _row_stride(q), _row_stride(qt), _row_stride(s),
+                _row_stride(st), ROW=rowwise, COL=columnwise, BM=bm, BN=bn,
+                GROUP_M=group[0] if group else 1, num_warps=warps, **consts)
     if not fmt.packed:
         q = None if q is None else q.view(fmt.torch_dtype)
         qt = None if qt is None else qt.view(fmt.torch_dtype)
