@@ -67,7 +67,9 @@ CONFIGS = {
 # byte at a time); "packed" reads the tile as 4 interleaved row sub-tiles (rows 4i + j) and
 # packs the 4 codes of a column that are consecutive in x.T into a 32-bit word, so the
 # transpose moves words (tile: CONFIGS["cast_transpose_packed"]).  Needs M % 4 == 0.
-VARIANTS = {"ct": "trans"}
+# "packed" measured faster on an H100 (docs/benchmarks.md, fifth session): FP8 per-tensor
+# cast-transpose 61.4 -> 64.2 % (current) / 84.6 -> 91.5 % (delayed), block 1x128 46.1 -> 49.0 %.
+VARIANTS = {"ct": "packed"}
 CONFIGS["cast_transpose_packed"] = dict(BM=64, BN=128, num_warps=4, GROUP_M=1)  # not yet swept
 
 

@@ -53,7 +53,9 @@ _TILES = {
 # codes of a column consecutive in x.T packed into a 32-bit word so the transpose moves words
 # (cross-compiled at 4 warps: 232 registers, no spill; 8 warps: 116).  Needs M % 4 == 0;
 # 128x128 blocks keep "trans".
-VARIANTS = {"ct": "trans"}
+# "packed" measured faster on an H100 (docs/benchmarks.md, fifth session): FP8 per-tensor
+# cast-transpose 61.4 -> 64.2 % (current) / 84.6 -> 91.5 % (delayed), block 1x128 46.1 -> 49.0 %.
+VARIANTS = {"ct": "packed"}
 # Tiles of "packed" (BM = 128: one column block; BN = 128: one row block), per (rowwise,
 # columnwise) with columnwise; PACKED_SWEEP is what quantize_tiles.py tries (not yet measured).
 _PACKED_TILES = {(1, False, True): (128, 128, 4), (1, True, True): (128, 128, 4)}

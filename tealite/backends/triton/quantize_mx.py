@@ -62,8 +62,12 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 # * "nan": "fix" (the encoders' NaN / Inf handling, dead code here) or "skip": every value
 #   reaching an encoder is finite (a block holding NaN or Inf gets scale 255 and _mx_descale
 #   gives 0; any other block's descaled values are finite), so the encoders' NaN fix-ups and
-#   the hardware FP8 path's clamp are left out (FINITE).
-VARIANTS = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
+#   the hardware FP8 path's clamp are left out (FINITE); "auto": "skip" except for MXFP8
+#   rowwise-only, where the H100 measured "skip" slower (94.0 -> 58.0 % of copy).
+# Defaults from the H100 sweep (docs/benchmarks.md, 2026-11-27 fifth session; % of copy):
+# "arith" + skip took MXFP4 rowwise 54.7 -> 82.6 and cast-transpose 31.2 -> 46.0; skip took
+# the MXFP8 cast-transpose 48.6 -> 68.0 (same tile); "packed" helped MX neither way.
+VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
 # multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
 # those cross-compiled (benchmarks/quantize_ptx.py); not yet timed on a GPU.
@@ -269,6 +273,12 @@ def _packs(m: int, fmt) -> bool:
     return VARIANTS["ct"] == "packed" and m % (8 if fmt.packed else 4) == 0
 
 
+def _finite(fmt, rowwise: bool, columnwise: bool) -> bool:
+    """Whether the encoders skip their NaN / Inf handling (VARIANTS["nan"])."""
+    mode = VARIANTS["nan"]
+    return mode == "skip" or (mode == "auto" and (fmt.packed or columnwise))
+
+
 def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
     """(data, scale_inv, columnwise_data, columnwise_scale_inv) of an MX recipe; the
     directions not asked for are None."""
@@ -287,7 +297,7 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
         consts = dict(_fmt_constants(fmt), **_mx_scale_constants(fmt.name, recipe.scale_rounding),
                       FP4=fmt.packed, TIES_AWAY=_ties_away(recipe), X_BF16=x.dtype == torch.bfloat16,
                       HW_FP8=hw_fp8(x.device), FP4_ARITH=VARIANTS["e2m1"] == "arith",
-                      FINITE=VARIANTS["nan"] == "skip")
+                      FINITE=_finite(fmt, rowwise, columnwise))
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
         if columnwise and _packs(m, fmt):
             bm, bn, warps, *group = _PACKED_TILES[(rowwise, columnwise)]
