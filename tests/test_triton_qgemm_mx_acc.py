@@ -230,6 +230,7 @@ def hopper():
 
 def test_declaration_follows_the_switch(hopper, monkeypatch):
     k = 4096
+    monkeypatch.setitem(tq.VARIANTS, "mx", "fold")
     fold = tq._dense_numerics(_params("e4m3", "e5m2", k))
     assert fold == tq._numerics(_params("e4m3", "e5m2", k))  # default: unchanged
     assert fold["accumulator_unit_roundoff"] == 2.0**-23 and "alignment_floor" not in fold

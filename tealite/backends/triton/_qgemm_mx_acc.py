@@ -16,20 +16,37 @@ checks that on its scale bytes (``mx_acc_tile_exact``: the extreme bytes bound e
 and 0xFF, NaN, is out); a tile that fails runs the same loop with ``_times_e8m0_pair`` (the power
 split in two normal halves, 0xFF gives NaN): exact where the result is a normal fp32.
 
-Numerics (qgemm.py ``_dense_numerics``): on NVIDIA the FP8 MMA's accumulator (products cut at
-2^(E - 13), subnormal codes aligned at the smallest normal) over each 32-term block, the block
-partials summed in fp32.  In the interpreter (no FP8 MMA) the codes are decoded to fp32 and
-multiplied exactly (``input_precision="ieee"``): fp32 sums throughout.
+Numerics (qgemm.py ``_dense_numerics``): on NVIDIA each block is a fresh FP8 MMA (products cut
+at 2^(E - 13), subnormal codes aligned at the smallest normal: the per-tensor kind's model) of
+at most 32 products, its partial scaled exactly and added in fp32 (a K/32-term fp32 sum).
+Block c errs by <= gamma_32(2^-13) max(|B_c||A_c|, L_c) <= gamma_32(2^-13) max(|B||A|, L) (L:
+the largest product, subnormal codes lifted: ``alignment_floor``), so the tier's gamma_K(u)
+max(|B||A|, L) >= K u (...) covers the ceil(K/32) blocks with K u = ceil(K/32)
+gamma_32(2^-13) + gamma_ceil(K/32)(2^-24): u is just above 2^-13, as loose as per-tensor FP8
+(the tier has no per-block maxima).  In the interpreter (no FP8 MMA) the codes are decoded to
+fp32 and multiplied exactly (``input_precision="ieee"``): fp32 sums throughout, the default.
 """
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
 
+from tealite._checks import require
 from tealite.backends.triton import INTERPRET, PLATFORM
 from tealite.backends.triton._qgemm_operands import (_byte_range, _decode_f32, _load_u8, dot_fp8,
                                                      _times_e8m0_pair)
 
+
+# Kernel variants, chosen on the host (qgemm.py imports this dict as its own).  "mx": "fold"
+# (the E8M0 scales folded exactly into bf16 operands: _qgemm_operands.py) or "acc" (this
+# module; dense qgemm, OCP FP8 codes on both sides, NVIDIA or the interpreter; its own
+# declared rounding).  Not yet timed on a GPU: the default stays "fold".
+# TEALITE_TRITON_QGEMM_MX=acc chooses it at import (for processes such as fuzz workers).
+VARIANTS = {"mx": os.environ.get("TEALITE_TRITON_QGEMM_MX", "fold")}
+require(VARIANTS["mx"] in ("fold", "acc"),
+        f"TEALITE_TRITON_QGEMM_MX must be 'fold' or 'acc', got {VARIANTS['mx']!r}")
 
 @triton.jit
 def _column(x, j: tl.constexpr, NS: tl.constexpr):
@@ -166,3 +183,8 @@ def mx_acc_fits(kind: str, fmt_a: str, fmt_b: str, device) -> bool:
     if kind != "mx" or PLATFORM.get().rocm or not {fmt_a, fmt_b} <= {"e4m3", "e5m2"}:
         return False
     return INTERPRET or dot_fp8(fmt_a, fmt_b, device)
+
+
+def mx_acc_runs(kind: str, fmt_a: str, fmt_b: str, device) -> bool:
+    """Whether dense qgemm runs the variant: chosen (VARIANTS) and it fits."""
+    return VARIANTS["mx"] == "acc" and mx_acc_fits(kind, fmt_a, fmt_b, device)

@@ -60,7 +60,9 @@ from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
     _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
     _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair, dot_fp8, typed_operands)
-from tealite.backends.triton._qgemm_mx_acc import mx_acc_fits, mx_acc_product
+# VARIANTS: the kernel variants chosen on the host ("mx": "fold" or "acc", _qgemm_mx_acc.py).
+from tealite.backends.triton._qgemm_mx_acc import (VARIANTS, mx_acc_fits, mx_acc_product,
+                                                   mx_acc_runs)
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
@@ -83,11 +85,6 @@ _E2M1_EVEN_IN_LOW_NIBBLE = True  # TE and AITER pack element 2i in bits 0-3 of b
 # declares the same).
 _FP8_MMA_UNIT_ROUNDOFF = 2.0**-13
 _FP8_CODE_ALIGNMENT = FP8_CODE_ALIGNMENT
-# Kernel variants, chosen on the host.  "mx": "fold" (the E8M0 scales folded exactly into bf16
-# operands, above) or "acc" (_qgemm_mx_acc.py: one FP8 dot per 32-long block, the scales
-# applied in the fp32 accumulator; dense qgemm, OCP FP8 codes on both sides, NVIDIA or the
-# interpreter; its own declared rounding, _dense_numerics).  Not yet timed: the default stays.
-VARIANTS = {"mx": "fold"}
 
 
 # ---- per-block partial products: FP8 per-tensor / per-row / block, and MX's exact fallback -----
@@ -425,11 +422,6 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
 
 
-def mx_acc_runs(kind: str, fmt_a: str, fmt_b: str, device) -> bool:
-    """Whether dense qgemm runs the accumulator variant: chosen (VARIANTS) and it fits."""
-    return VARIANTS["mx"] == "acc" and mx_acc_fits(kind, fmt_a, fmt_b, device)
-
-
 def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
            bias, config: QGemmConfig | None = None, mx_acc: bool = False) -> torch.Tensor:
     """Run the kernel; ``config`` overrides the fixed choice (benchmarks); ``mx_acc`` runs
@@ -538,13 +530,7 @@ def _numerics(params) -> dict:
 
 def _dense_numerics(params) -> dict:
     """Dense qgemm's declaration: ``_numerics`` (shared with grouped qgemm), except where the
-    MX accumulator variant runs on NVIDIA's FP8 MMA: each 32-long block is a fresh FP8 dot
-    (at most 32 products summed at ~14 bits, products aligned at the codes' exponents, as the
-    per-tensor kind declares), its partial scaled exactly and added in fp32 (a K/32-term fp32
-    sum).  Block c errs by <= gamma_32(2^-13) max(|B_c||A_c|, L_c) <= gamma_32(2^-13) max(|B||A|,
-    L) (L: the largest product, subnormal codes lifted: ``alignment_floor``), so the tier's
-    gamma_K(u) max(|B||A|, L) >= K u (...) covers ceil(K/32) blocks with u below.  The
-    interpreter's variant (decoded codes, exact products) sums in fp32: the default."""
+    MX accumulator variant runs on NVIDIA's FP8 MMA (its bound: _qgemm_mx_acc.py)."""
     numerics = _numerics(params)
     kind, k = params["kind"], params["k"]
     device = torch.device(params["device"])
