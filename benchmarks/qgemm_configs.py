@@ -149,6 +149,11 @@ def main() -> int:
                    help="seconds after which no further candidate is started (each kind's "
                         "default config always runs)")
     args = p.parse_args()
+    kinds = _configs()
+    wanted = [w.strip() for w in args.kinds.split(",")] if args.kinds else list(kinds)
+    unknown = sorted(set(wanted) - set(kinds))
+    if unknown:
+        p.error(f"--kinds: unknown {unknown}; the kinds are {list(kinds)}")
     if not torch.cuda.is_available():
         print("needs a GPU (CUDA or ROCm); nothing to do")
         return 0
@@ -166,11 +171,6 @@ def main() -> int:
           f", rowwise {flops / t_row / 1e9:7.0f} TFLOP/s ({t_row:.3f} ms)")
     print(f"{'kind':22s} {'config':24s} {'ms':>8s} {'TFLOP/s':>8s} {'% sc_mm':>8s} "
           f"{'rel.diff':>9s}")
-    kinds = _configs()
-    wanted = [w.strip() for w in args.kinds.split(",")] if args.kinds else list(kinds)
-    unknown = sorted(set(wanted) - set(kinds))
-    if unknown:
-        p.error(f"--kinds: unknown {unknown}; the kinds are {list(kinds)}")
     best: dict[str, tuple[float, str]] = {}  # kind -> (fastest ms, its config)
     for kind in wanted:
         configs = kinds[kind]
