@@ -36,22 +36,26 @@ def parse(text: str) -> Q.QGemmConfig:
     return Q.QGemmConfig(bm, bn, bk, 8, int(warps), int(stages))
 
 
-def compile_mx(cfg: Q.QGemmConfig, mx_acc: bool):
+def compile_mx(cfg: Q.QGemmConfig, mx_acc: bool, target=("cuda", 90, 32), typed: bool = True):
+    """``_qgemm_kernel`` for MXFP8 e4m3 x e4m3 (``typed``: fp8 code tiles, else bytes)."""
     const = dict(KIND=Q._KINDS["mx"], SCALE_K=Q._MX_SCALE_K, SA_ROWS=1, E8M0_BIAS=Q._E8M0_BIAS,
                  EVEN_LOW=Q._E2M1_EVEN_IN_LOW_NIBBLE, DOT_FP8=False, F32_OPERANDS=False,
-                 A_TYPED=True, B_TYPED=True, HAS_BIAS=False, BIAS_BF16=False, OUT_BF16=True,
+                 A_TYPED=typed, B_TYPED=typed, HAS_BIAS=False, BIAS_BF16=False, OUT_BF16=True,
                  I64=False, EVEN_K=True, EVEN_SCALE_K=True, BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, MX_ACC=mx_acc,
                  **Q._operand_constants("A", "e4m3"), **Q._operand_constants("B", "e4m3"))
-    ptrs = dict(a_ptr="*fp8e4nv", b_ptr="*fp8e4nv", sa_ptr="*u8", sb_ptr="*u8",
-                bias_ptr="*i16", out_ptr="*i16")
+    code = "*fp8e4nv" if typed else "*u8"
+    ptrs = dict(a_ptr=code, b_ptr=code, sa_ptr="*u8", sb_ptr="*u8", bias_ptr="*i16",
+                out_ptr="*i16")
     names = Q._qgemm_kernel.arg_names
     sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n] != "constexpr"}
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if target[0] == "hip":
+        opts.update(waves_per_eu=cfg.waves_per_eu, matrix_instr_nonkdim=cfg.matrix_instr_nonkdim)
     return triton.compile(ASTSource(Q._qgemm_kernel, sig, const, attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                          target=GPUTarget(*target), options=opts)
 
 
 def stats(k) -> dict:

@@ -265,13 +265,17 @@ _COMPILE = """
 import json, sys
 from benchmarks import qgemm_ptx as P
 from tealite.backends.triton import qgemm as Q
-cfg = Q._CUDA[("mx-acc", True, "large")]
-json.dump(P.stats(P.compile_mx(cfg, True)), sys.stdout)
+out = P.stats(P.compile_mx(Q._CUDA[("mx-acc", True, "large")], True))
+# gfx942 keeps the folded path (mx_acc_fits): the MX kernel as launched there, bytes decoded.
+hip = P.compile_mx(Q._HIP[("mx", False)], False, ("hip", "gfx942", 64), typed=False)
+out["hip_bytes"] = len(hip.asm["hsaco"])
+json.dump(out, sys.stdout)
 """
 
 
 def test_variant_compiles_for_sm90_without_spills():
-    """The default config of the variant, as the backend launches it on an H100: FP8 wgmma
-    per 32-long block, no register spills."""
+    """The variant's default config as the backend launches it on an H100: FP8 wgmma per
+    32-long block, no register spills; and the folded MX kernel ROCm keeps, for gfx942."""
     s = compiled_json(_COMPILE)
     assert s["wgmma"] >= 1 and s["spill"] == 0 and s["regs"] <= 255, s
+    assert s["hip_bytes"] > 0, s
