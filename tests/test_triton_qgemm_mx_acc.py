@@ -204,6 +204,24 @@ def test_seeded_scale_one_block_late_is_caught(acc, monkeypatch):
 
 
 @triton.jit
+def _previous_column(x, j: tl.constexpr, NS: tl.constexpr):
+    """Seeded: block j of a K step scaled with block j - 1's bytes (block 0 with the last)."""
+    rs = tl.arange(0, NS)
+    return tl.sum(tl.where(rs[None, :] == (j + NS - 1) % NS, x, 0), axis=1)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="swaps a jit helper: interpreter only")
+def test_seeded_in_kernel_scale_one_block_late_is_caught(acc, monkeypatch):
+    """The kernel's own per-block pick one block late (the interpreter's K step holds two
+    blocks, so every other block gets its neighbour's scales)."""
+    case = CASES["e4m3-NT-wide-scales"]
+    monkeypatch.setattr(tma, "_column", _previous_column)
+    bad = run_case(SPEC, case, backends=["triton", "torch"], device=DEVICE)
+    assert bad.outcomes["triton"].status == "ok", bad.describe()
+    assert bad.verdict == "fail", bad.describe()
+
+
+@triton.jit
 def _never_exact(sa_ptr, sb_ptr, an, bm, an_ok, bm_ok, n_scales, stride_sa_row, stride_sa_k,
                  stride_sb_row, stride_sb_k, E8M0_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr):
