@@ -26,8 +26,11 @@ PAIRS = {  # (A's recipe, B's recipe)
     "fp8-row": (R.Float8CurrentScaling(granularity="row"),) * 2,
     "fp8-block": (R.Float8BlockScaling(block=(128, 128)), R.Float8BlockScaling(block=(1, 128))),
     "mxfp8": (R.MXFP8BlockScaling(),) * 2,
+    "mxfp8-acc": (R.MXFP8BlockScaling(),) * 2,
     "mxfp4": (R.MXFP4BlockScaling(),) * 2,
 }
+# Rows that run a kernel variant of the triton backend: (module, its VARIANTS settings).
+VARIANT_PAIRS = {"mxfp8-acc": ("qgemm", {"mx": "acc"})}  # MX scales in the accumulator
 SCALED_MM = {"fp8-tensor": "torch._scaled_mm fp8 per-tensor",
              "fp8-row": "torch._scaled_mm fp8 rowwise"}
 QGEMM_CASES = [pytest.param(p, "triton", id=f"{p}-triton") for p in PAIRS] + \
@@ -162,7 +165,13 @@ def test_qgemm_torch_scaled_mm(bench, bench_config, baselines, qops, pair):
 
 
 @pytest.mark.parametrize("pair,backend", QGEMM_CASES)
-def test_qgemm(bench, bench_config, baselines, qops, pair, backend):
+def test_qgemm(bench, bench_config, baselines, qops, pair, backend, monkeypatch):
+    if pair in VARIANT_PAIRS:
+        import importlib
+        module, settings = VARIANT_PAIRS[pair]
+        variants = importlib.import_module(f"tealite.backends.triton.{module}").VARIANTS
+        for key, value in settings.items():
+            monkeypatch.setitem(variants, key, value)
     aq, bq = qops(pair)
     mnk = _mnk(qops.a, qops.b)
     reference = _scaled_mm_baseline(baselines, qops, pair) if pair in SCALED_MM else None

@@ -60,6 +60,9 @@ from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
     _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
     _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair, dot_fp8, typed_operands)
+# VARIANTS: the kernel variants chosen on the host ("mx": "fold" or "acc", _qgemm_mx_acc.py).
+from tealite.backends.triton._qgemm_mx_acc import (VARIANTS, mx_acc_fits, mx_acc_product,
+                                                   mx_acc_runs)
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
@@ -255,7 +258,7 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
                   HAS_BIAS: tl.constexpr, BIAS_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
                   I64: tl.constexpr, EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr):
+                  GROUP_M: tl.constexpr, MX_ACC: tl.constexpr):
     """out (M, N) = B (M, K) @ A (N, K)^T with scales; K has unit stride in A and B (a packed
     E2M1 operand holds element k in byte k // 2).  ``KS``: MX scale blocks along K."""
     pid_m, pid_n = grouped_pid(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -269,7 +272,15 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
         bm = bm.to(tl.int64)
         an = an.to(tl.int64)
         rm = rm.to(tl.int64)
-    if KIND != 2:
+    if MX_ACC:
+        acc = mx_acc_product(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, rn < N, rm < M, K, KS,
+                             stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
+                             stride_sb_k, SCALE_K, E8M0_BIAS, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
+                             A_SPECIALS, A_MIN_NORMAL, B_TYPED, B_EBITS, B_MBITS, B_BIAS,
+                             B_SPECIALS, B_MIN_NORMAL, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
+                  stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
+    elif KIND != 2:
         acc = _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, stride_a, stride_b,
                               stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
                               KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW, DOT_FP8,
@@ -327,6 +338,11 @@ _CUDA = {
     ("block", False, "small"): _C(128, 128, 64, 8, 8, 3),
     ("mx", False, "large"): _C(128, 128, 64, 8, 4, 3),
     ("mx", False, "small"): _C(128, 128, 64, 8, 4, 3),
+    # VARIANTS["mx"] == "acc", cross-compiled with triton 3.9 (benchmarks/qgemm_ptx.py), not
+    # timed: a fresh partial tile beside the accumulator; 128x128x32 / 8 warps 200 registers,
+    # no spill; BLOCK_K 128 (4 unrolled blocks) spills.  benchmarks/qgemm_configs.py sweeps.
+    ("mx-acc", True, "large"): _C(128, 128, 32, 8, 8, 4),
+    ("mx-acc", True, "small"): _C(128, 128, 32, 8, 8, 4),
 }
 # ROCm (MI300 / MI350, unmeasured): 64 KB LDS -> 2 stages (the stream pipeliner keeps one tile
 # in registers), 16x16 MFMA, wavefronts of 64.  Cross-compiled with triton 3.9: 256x256x64
@@ -407,9 +423,14 @@ def _span(t: torch.Tensor) -> int:
 
 
 def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
-           bias, config: QGemmConfig | None = None) -> torch.Tensor:
-    """Run the kernel; ``config`` overrides the fixed choice (benchmarks)."""
+           bias, config: QGemmConfig | None = None, mx_acc: bool = False) -> torch.Tensor:
+    """Run the kernel; ``config`` overrides the fixed choice (benchmarks); ``mx_acc`` runs
+    the MX accumulator variant (only where ``mx_acc_runs``)."""
     kind = qgemm_kind(recipe_a)
+    require(not mx_acc or mx_acc_fits(kind, recipe_a.fmt, recipe_b.fmt, a_codes.device),
+            f"mx_acc: the MX accumulator variant takes MX recipes with e4m3 / e5m2 codes "
+            f"multiplied natively (or interpreted), got {describe(recipe_a)} x "
+            f"{describe(recipe_b)}")
     device = a_codes.device
     native = dot_fp8(recipe_a.fmt, recipe_b.fmt, device)
     typed_a, typed_b = typed_operands(kind, recipe_a.fmt, recipe_b.fmt, device)
@@ -430,15 +451,16 @@ def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k,
                  B_TYPED=typed_b, HAS_BIAS=bias is not None,
                  BIAS_BF16=bias is not None and bias.dtype == torch.bfloat16,
                  OUT_BF16=out_dtype == torch.bfloat16,
-                 I64=max(_span(a), _span(b), _span(out)) + 256 > _INT32_MAX,
+                 I64=max(_span(a), _span(b), _span(out)) + 256 > _INT32_MAX, MX_ACC=mx_acc,
                  **_operand_constants("A", recipe_a.fmt), **_operand_constants("B", recipe_b.fmt))
-    chosen = config or pick_config(kind, native, m, n, device)
+    table = "mx-acc" if mx_acc else kind  # the variant's configs: their own table rows
+    chosen = config or pick_config(table, native, m, n, device)
     tries = (chosen,) if config is not None or INTERPRET else (chosen, *_FALLBACKS)
     for i, cfg in enumerate(tries):
         try:
             _launch_one(cfg, args, flags, kind, m, n, k)
             if i:  # remember what fits this device for this key
-                _working[_table_key(kind, native, m, n, device)] = cfg
+                _working[_table_key(table, native, m, n, device)] = cfg
             return out
         except OutOfResources:
             if i == len(tries) - 1:
@@ -506,6 +528,21 @@ def _numerics(params) -> dict:
     return numerics
 
 
+def _dense_numerics(params) -> dict:
+    """Dense qgemm's declaration: ``_numerics`` (shared with grouped qgemm), except where the
+    MX accumulator variant runs on NVIDIA's FP8 MMA (its bound: _qgemm_mx_acc.py)."""
+    numerics = _numerics(params)
+    kind, k = params["kind"], params["k"]
+    device = torch.device(params["device"])
+    if k == 0 or device.type != "cuda" or not mx_acc_runs(kind, params["fmt_a"],
+                                                          params["fmt_b"], device):
+        return numerics
+    blocks = math.ceil(k / _MX_SCALE_K)
+    inner = _gamma(min(k, _MX_SCALE_K), _FP8_MMA_UNIT_ROUNDOFF)
+    u = (blocks * inner + _gamma(blocks, 2.0**-24)) / k
+    return dict(numerics, accumulator_unit_roundoff=u, alignment_floor=_FP8_CODE_ALIGNMENT)
+
+
 def _gamma(n: int, u: float) -> float:
     return n * u / (1 - n * u) if n * u < 1 else math.inf
 
@@ -535,9 +572,10 @@ def _why_not(params) -> str | None:
 
 
 @BACKEND.implements(Op.QGEMM, dtypes=_FLOATS, devices=DEVICES, check=_why_not,
-                    numerics=_numerics)
+                    numerics=_dense_numerics)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):
+    mx_acc = mx_acc_runs(qgemm_kind(recipe_a), recipe_a.fmt, recipe_b.fmt, a_codes.device)
     out = launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, m=m, n=n, k=k,
-                 out_dtype=out_dtype, bias=bias)
+                 out_dtype=out_dtype, bias=bias, mx_acc=mx_acc)
     return out, {}
