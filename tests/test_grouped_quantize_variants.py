@@ -14,6 +14,8 @@ On a GPU the same comparison runs compiled: benchmarks/grouped_quantize_sweep.py
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -195,3 +197,19 @@ def test_aligned_stores_vectors_and_compiles_for_sm90_and_gfx942():
         # Plain: x.T's codes one byte at a time (32 / 64 per thread); aligned: none.
         assert plain["st_b8"] >= 32 and aligned["st_b8"] == 0, out
         assert aligned["st_v4_b32"] > plain["st_v4_b32"], out
+
+
+def test_an_unknown_variant_is_refused_naming_the_switch(monkeypatch):
+    monkeypatch.setitem(G.VARIANTS, "ct", "packed")
+    with pytest.raises(ValueError, match=r"TEALITE_GROUPED_QUANTIZE_CT.*plain, aligned.*'packed'"):
+        tealite.grouped_quantize(_hostile(16, 40).to(DEV), [16], _RECIPES["current"],
+                                 columnwise=True, backend="triton")
+
+
+def test_the_environment_sets_the_variant_at_import_and_the_default_stays(monkeypatch):
+    script = ("import json, sys\nfrom tealite.backends.triton import grouped_quantize as G\n"
+              "json.dump(G.VARIANTS, sys.stdout)")
+    if "TEALITE_GROUPED_QUANTIZE_CT" not in os.environ:
+        assert G.VARIANTS == {"ct": "plain"}  # until measured on a GPU
+    monkeypatch.setenv("TEALITE_GROUPED_QUANTIZE_CT", "aligned")
+    assert compiled_json(script) == {"ct": "aligned"}

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -66,8 +67,11 @@ CONFIGS = {
 # own 1-byte store (sm_90a, cross-compiled: 32 / 64 per thread; with ALIGN 16: 4 / 8 16-byte
 # stores, and the block kernel's 255 registers with spills drop to 171 without).  Splits
 # with an odd member give ALIGN 1: the plain code.  Default until measured on a GPU
-# (benchmarks/grouped_quantize_sweep.py).
-VARIANTS = {"ct": "plain"}
+# (benchmarks/grouped_quantize_sweep.py).  The environment variable
+# TEALITE_GROUPED_QUANTIZE_CT sets it at import, so that fuzz workers (processes of their
+# own) run the variant too.
+CT_VARIANTS = ("plain", "aligned")
+VARIANTS = {"ct": os.environ.get("TEALITE_GROUPED_QUANTIZE_CT", "plain")}
 _MAX_ALIGN = 16
 
 
@@ -280,7 +284,11 @@ class _Launch:
 
     def cast_tile(self) -> dict:
         """The cast kernels' tile constexprs, ALIGN per ``VARIANTS["ct"]``."""
-        return dict(self.tile, ALIGN=self.align if VARIANTS["ct"] == "aligned" else 1)
+        ct = VARIANTS["ct"]
+        if ct not in CT_VARIANTS:
+            raise ValueError(f"grouped_quantize VARIANTS['ct'] (TEALITE_GROUPED_QUANTIZE_CT) "
+                             f"must be one of {', '.join(CT_VARIANTS)}, got {ct!r}")
+        return dict(self.tile, ALIGN=self.align if ct == "aligned" else 1)
 
 
 @functools.lru_cache(maxsize=256)
