@@ -10,7 +10,10 @@ the plain kernels' bits, in Triton's interpreter in CI and cross-compiled for th
 * A bug only the aligned path has is caught by the same comparison.
 * Cross-compiled for sm_90a the aligned kernels store x.T's codes as 16-byte vectors where the
   plain ones store single bytes (what the variant is for), and both compile for gfx942.
-On a GPU the same comparison runs compiled: benchmarks/grouped_quantize_sweep.py.
+* The switch: TEALITE_GROUPED_QUANTIZE_CT at import, an unknown value refused by name, the
+  default "plain" until measured.
+On a GPU this file runs compiled (the seeded-bug test aside), and
+benchmarks/grouped_quantize_sweep.py compares the bench shapes.
 """
 from __future__ import annotations
 
