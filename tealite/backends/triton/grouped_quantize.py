@@ -28,6 +28,8 @@ its block scales a contiguous slice laid out as ``quantize_block`` lays out a gr
 from __future__ import annotations
 
 import functools
+import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -56,17 +58,40 @@ CONFIGS = {
     "block_col": dict(BM=128, BN=128, num_warps=8),
     "reduce": dict(BN=128, num_warps=4),
 }
+# Kernel variants, read at every launch like CONFIGS (the same bits either way,
+# tests/test_grouped_quantize_variants.py).  "ct" of the cast kernels: "plain" as written;
+# "aligned" tells the compiler (tl.multiple_of) that every group's offset and size are
+# multiples of ALIGN, the largest power of two <= 16 dividing every split (MoE pads experts
+# to 16 / 128 rows for the FP8 GEMMs).  The group size is the row stride of a group's x.T
+# codes and is loaded at run time, so without the hint every columnwise code leaves as its
+# own 1-byte store (sm_90a, cross-compiled: 32 / 64 per thread; with ALIGN 16: 4 / 8 16-byte
+# stores, and the block kernel's 255 registers with spills drop to 171 without).  Splits
+# with an odd member give ALIGN 1: the plain code.  Default until measured on a GPU
+# (benchmarks/grouped_quantize_sweep.py).  The environment variable
+# TEALITE_GROUPED_QUANTIZE_CT sets it at import, so that fuzz workers (processes of their
+# own) run the variant too.
+CT_VARIANTS = ("plain", "aligned")
+VARIANTS = {"ct": os.environ.get("TEALITE_GROUPED_QUANTIZE_CT", "plain")}
+_MAX_ALIGN = 16
 
 
 @triton.jit
-def _tile(pid, tiles_n, tile_group, tile_row, group_off, BM: tl.constexpr, BN: tl.constexpr):
-    """(group, its first row, its row count, local rows, cols, tile index) of program pid."""
+def _tile(pid, tiles_n, tile_group, tile_row, group_off, BM: tl.constexpr, BN: tl.constexpr,
+          ALIGN: tl.constexpr = 1):
+    """(group, its first row, its row count, local rows, cols, tile index) of program pid.
+    ALIGN > 1 (``VARIANTS["ct"] == "aligned"``): every split is a multiple of ALIGN (host),
+    so the group offsets and sizes are, and a tile's first row is a multiple of BM
+    (group_tiles): the hints let the compiler store x.T's codes as vectors, not bytes."""
     t = pid // tiles_n
     pid_n = pid % tiles_n
     g = tl.load(tile_group + t)
     r0 = tl.load(tile_row + t)
     off = tl.load(group_off + g)
     mg = tl.load(group_off + g + 1) - off
+    if ALIGN > 1:
+        r0 = tl.multiple_of(r0, BM)
+        off = tl.multiple_of(off, ALIGN)
+        mg = tl.multiple_of(mg, ALIGN)
     rows = r0 + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     return g, off, mg, r0, rows, cols, t, pid_n
@@ -104,11 +129,12 @@ def _grouped_tensor_cast_kernel(x_ptr, q_ptr, qt_ptr, amax_bits_ptr, scale_ptr, 
                                 NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                                 OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                                 OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
-                                HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                                HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                                ALIGN: tl.constexpr = 1):
     """Per-tensor cast of one tile under its group's scale: rowwise into rows off+rows of
     (M, K), columnwise into the group's (K, m_g) slice at off * K."""
     g, off, mg, r0, rows, cols, t, pid_n = _tile(tl.program_id(0), tiles_n, tile_group,
-                                                 tile_row, group_off, BM, BN)
+                                                 tile_row, group_off, BM, BN, ALIGN)
     if GIVEN:
         scale = tl.load(scale_ptr + g)
     else:
@@ -141,12 +167,13 @@ def _grouped_block_cast_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, s_off, st_of
                                NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
                                OVF_THRESH: tl.constexpr, OVF_TIE: tl.constexpr,
                                OVF_CODE: tl.constexpr, X_BF16: tl.constexpr,
-                               HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                               HW_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                               ALIGN: tl.constexpr = 1):
     """Block-scaled cast of one tile, blocks anchored at the group's first row.  Group g's
     rowwise scales start at s_off[g], laid out (m_g or ceil(m_g/128), nbk); its columnwise
     scales at st_off[g], laid out (K or nbk, ceil(m_g/128)), as quantize_block's."""
     g, off, mg, r0, rows, cols, t, pid_n = _tile(tl.program_id(0), tiles_n, tile_group,
-                                                 tile_row, group_off, BM, BN)
+                                                 tile_row, group_off, BM, BN, ALIGN)
     rmask = rows < mg
     cmask = cols < K
     mask = rmask[:, None] & cmask[None, :]
@@ -218,6 +245,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def split_alignment(splits) -> int:
+    """The largest power of two <= 16 that divides every split (16 when all are 0): what
+    the "aligned" variant may promise the compiler about group offsets and sizes."""
+    g = math.gcd(*splits) if splits else 0
+    return _MAX_ALIGN if g == 0 else min(_MAX_ALIGN, g & -g)
+
+
 def group_tiles(splits, bm: int) -> tuple[list[int], list[int], list[int]]:
     """(tile_group, tile_row, tile_start): every group's rows cut into tiles of ``bm`` rows from
     its first row (an empty group: one tile), and group g's tiles [tile_start[g],
@@ -246,6 +280,15 @@ class _Launch:
         self.tile_start = device_table(ts, torch.int32, device)
         self.tiles = len(tg)
         self.tile = dict(BM=bm, BN=bn)
+        self.align = split_alignment(splits)
+
+    def cast_tile(self) -> dict:
+        """The cast kernels' tile constexprs, ALIGN per ``VARIANTS["ct"]``."""
+        ct = VARIANTS["ct"]
+        if ct not in CT_VARIANTS:
+            raise ValueError(f"grouped_quantize VARIANTS['ct'] (TEALITE_GROUPED_QUANTIZE_CT) "
+                             f"must be one of {', '.join(CT_VARIANTS)}, got {ct!r}")
+        return dict(self.tile, ALIGN=self.align if ct == "aligned" else 1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -319,7 +362,7 @@ def _per_tensor(x, splits, recipe, rowwise, columnwise, dbias, scale):
         scale if given else sinv, sinv, part, *launch.table, launch.k, launch.tiles_n,
         fmt.max, 0.0 if given else recipe.amax_epsilon, ROW=rowwise, COL=columnwise,
         GIVEN=given, POW2=False if given else recipe.force_pow2_scales, DBIAS=dbias,
-        **launch.tile, num_warps=cfg["num_warps"], **_consts(x, recipe))
+        **launch.cast_tile(), num_warps=cfg["num_warps"], **_consts(x, recipe))
     # Each group's (1,) scale and amax as views; the columnwise scales one copy of all of
     # them (one launch, not one clone per group): a tensor's rowwise and columnwise scales
     # never share storage, as before.
@@ -388,7 +431,7 @@ def _per_block(x, splits, recipe, rowwise, columnwise, dbias):
         as_kernel_arg(x), dummy if q is None else q, s, dummy if qt is None else qt, st,
         lay.s_off, lay.st_off, part, *launch.table, k, lay.nbk, launch.tiles_n, fmt.max,
         recipe.amax_epsilon, ROW=rowwise, COL=columnwise, SQUARE=square,
-        POW2=recipe.force_pow2_scales, DBIAS=dbias, **launch.tile,
+        POW2=recipe.force_pow2_scales, DBIAS=dbias, **launch.cast_tile(),
         num_warps=cfg["num_warps"], **_consts(x, recipe))
     row_s = _scale_views(s, lay.s_ends, lay.row_shapes) if rowwise else [None] * groups
     col_s = _scale_views(st, lay.st_ends, lay.col_shapes) if columnwise else [None] * groups
