@@ -211,7 +211,7 @@ def _sweep(label, fn, vtable, settings, table, key, configs, ref_bits, nbytes, c
                     continue
                 ms = tt.do_bench(fn, rep=args.rep, return_mode="median")
             print(f"  {label:30s}{tag} {str(cfg):44s} {ms * 1e3:8.1f} us "
-                  f"{nbytes / ms / 1e9:7.0f} GB/s {100 * copy_ms / ms:5.1f}% of copy")
+                  f"{nbytes / ms / 1e6:7.0f} GB/s {100 * copy_ms / ms:5.1f}% of copy")
         except Exception as e:  # a config that does not compile / run: report, go on
             msg = traceback.format_exception_only(type(e), e)[-1].strip()
             print(f"  {label:30s}{tag} {cfg}: FAILED {msg[:200]}")
@@ -286,7 +286,7 @@ def main() -> None:
         torch.cuda.synchronize()
         for label, vtable, settings, table, key, configs in runs:
             _sweep(label, fn, vtable, settings, table, key, configs, ref_bits, b, cms, args)
-    print(f"copy: {', '.join(f'{2 * n / ms / 1e9:.0f} GB/s' for n, ms in copy_cache.items())}"
+    print(f"copy: {', '.join(f'{2 * n / ms / 1e6:.0f} GB/s' for n, ms in copy_cache.items())}"
           f"; total {time.time() - t_start:.0f} s")
 
 
