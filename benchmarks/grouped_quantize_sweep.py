@@ -27,19 +27,19 @@ ROWS = dict(VARIANTS, **{
     "fp8-delayed-ct-dbias": (R.DelayedScaling(), True, True, True),
     "fp8-block1x128-ct": (R.Float8BlockScaling(), True, True, False),
 })
-# Only the kernel variant changes: another tile or warp count would change the dbias
-# partials' summation order (a tile's fp32 column sums), which is part of the bits.
-CT_VARIANTS = ("plain", "aligned")
+# Only the kernel variant (G.CT_VARIANTS) is swept: another tile or warp count would change
+# the dbias partials' summation order (a tile's fp32 column sums), which is part of the bits.
 
 
-def _bits(out) -> list:
+def output_bits(out) -> list:
+    """Every output tensor of a grouped quantize (codes, scales, amaxes, dbias) as bytes."""
     fields = [t for q in out.tensors for t in (q.data, q.scale_inv, q.columnwise_data,
                                                q.columnwise_scale_inv, q.amax)]
     return [None if t is None else t.contiguous().view(torch.uint8).clone()
             for t in fields + [out.dbias]]
 
 
-def _same(a, b) -> bool:
+def same_bits(a, b) -> bool:
     return len(a) == len(b) and all(
         (u is None) == (w is None) and (u is None or torch.equal(u, w)) for u, w in zip(a, b))
 
@@ -75,12 +75,12 @@ def main() -> int:
                 x, splits, recipe, rowwise=rowwise, columnwise=columnwise, dbias=dbias,
                 scale=scale, backend="triton")
             want = None
-            for variant in CT_VARIANTS:
+            for variant in G.CT_VARIANTS:
                 G.VARIANTS["ct"] = variant
                 try:
-                    got = _bits(fn())
+                    got = output_bits(fn())
                     want = got if want is None else want
-                    same = _same(got, want)
+                    same = same_bits(got, want)
                     bad += not same
                     op = T.measure(fn, dev, reps=args.reps, warmup=3, flush=flush).median_ms
                     kern = T.kernel_profile(fn, dev).busy_ms if T.is_gpu(dev) else float("nan")

@@ -34,6 +34,7 @@ pytestmark = needs_triton
 triton = pytest.importorskip("triton")
 tl = triton.language
 
+from benchmarks.grouped_quantize_sweep import output_bits, same_bits  # noqa: E402
 from tealite.backends.triton import grouped_quantize as G  # noqa: E402
 
 
@@ -64,18 +65,6 @@ def _finite(x):
     return torch.nan_to_num(x.float(), nan=0.0, posinf=1.0, neginf=-1.0).to(x.dtype)
 
 
-def _bits(out) -> list:
-    fields = [t for q in out.tensors for t in (q.data, q.scale_inv, q.columnwise_data,
-                                               q.columnwise_scale_inv, q.amax)]
-    return [None if t is None else t.contiguous().view(torch.uint8).clone()
-            for t in fields + [out.dbias]]
-
-
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(
-        (u is None) == (w is None) and (u is None or torch.equal(u, w)) for u, w in zip(a, b))
-
-
 class _Spy:
     """Records the ALIGN of every launch of a jit kernel and runs it."""
 
@@ -98,7 +87,7 @@ _SPLITS = [[16, 0, 48, 32], [36, 0, 20, 8, 4], [13, 0, 7, 3], [0, 0]]
 
 def _run(x, splits, recipe, rowwise, columnwise, dbias):
     scale = (torch.full((len(splits),), 3.0, device=DEV) if recipe.scale_given else None)
-    return _bits(tealite.grouped_quantize(x, splits, recipe, rowwise=rowwise,
+    return output_bits(tealite.grouped_quantize(x, splits, recipe, rowwise=rowwise,
                                           columnwise=columnwise, dbias=dbias, scale=scale,
                                           backend="triton"))
 
@@ -123,7 +112,7 @@ def test_aligned_gives_the_plain_bits(name, monkeypatch):
         want = _run(x, splits, recipe, rowwise, columnwise, True)
         monkeypatch.setitem(G.VARIANTS, "ct", "aligned")
         spy.aligns.clear()
-        assert _same(_run(x, splits, recipe, rowwise, columnwise, True), want), (splits, k)
+        assert same_bits(_run(x, splits, recipe, rowwise, columnwise, True), want), (splits, k)
         assert spy.aligns == [G.split_alignment(splits)], spy.aligns
 
 
@@ -145,9 +134,9 @@ def test_an_aligned_only_bug_is_caught(monkeypatch):
     want = _run(x, splits, recipe, True, True, True)
     monkeypatch.setattr(G, "_plain_tile", G._tile, raising=False)
     monkeypatch.setattr(G, "_tile", _tile_off_by_one_row)
-    assert _same(_run(x, splits, recipe, True, True, True), want)  # ALIGN 1: unaffected
+    assert same_bits(_run(x, splits, recipe, True, True, True), want)  # ALIGN 1: unaffected
     monkeypatch.setitem(G.VARIANTS, "ct", "aligned")
-    assert not _same(_run(x, splits, recipe, True, True, True), want)
+    assert not same_bits(_run(x, splits, recipe, True, True, True), want)
 
 
 # ---- compiled for the GPUs (CI has none: cross-compiled) ----------------------------------------
