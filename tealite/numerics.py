@@ -62,6 +62,11 @@ class Numerics:
     # the accumulator aligns products at the operands' exponents, subnormal operands counted
     # at this dtype's smallest normal exponent; for qgemm FP8_CODE_ALIGNMENT (the codes').
     alignment_floor: torch.dtype | str | None = None
+    # with alignment_floor: the MMA's accumulation restarts every this many K (a fresh dot
+    # per scale block, partials added in fp32: block-scaled FP8 kernels); the accumulator
+    # unit roundoff is then declared per restart block, and the harness takes the aligned
+    # (lifted) magnitudes per block and sums them.  None: one accumulation over all of K.
+    mma_restart_k: int | None = None
     # the bias / beta*C seeds the accumulator and is summed with every product (AITER's
     # gemm_a16w16), instead of being added once at the end.
     epilogue_in_accumulator: bool = False
@@ -123,6 +128,12 @@ class Numerics:
     # how a token's k weighted rows are merged (MoEMerge); None: products and sum in fp32,
     # one rounding (the harness's bound: tealite_verify/tiers/moe_layer.py).
     moe_merge: MoEMerge | None = None
+
+    def __post_init__(self):
+        if self.mma_restart_k is not None and (not isinstance(self.mma_restart_k, int)
+                                               or self.mma_restart_k < 1):
+            raise ValueError(f"mma_restart_k must be a positive int (K elements per MMA "
+                             f"restart) or None, got {self.mma_restart_k!r}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -347,3 +347,17 @@ def test_an_fp8_k_step_below_nvidias_dot_minimum_is_refused_there():
         assert why is not None and "below the 32 NVIDIA's FP8 tl.dot compiles" in why
         big = dict(p, k=256)
         assert Q._entry_reason(Q.A8W8_BLOCK, big) is None  # a whole 128-long K step is fine
+
+
+def test_blockscale_on_nvidia_declares_a_restart_per_k_step():
+    """a8w8_blockscale starts a fresh FP8 dot per K step (its BLOCK_SIZE_K) and adds the
+    scaled partials: on NVIDIA it declares the step as ``mma_restart_k`` so the harness sums
+    the subnormal-code lift per block (tests/test_fp8_mma_block_restart.py)."""
+    p = dict(_params(_case(_blk(), _blk((1, 128)), "TN", 20, 256, 1024)), device="cuda")
+    with aiter_triton.PLATFORM.override(nvidia=True):
+        num = Q._numerics(p)
+    assert num["alignment_floor"] == "fp8_codes"
+    step = QC.effective_config(Q.A8W8_BLOCK, 20, 256, 1024)["BLOCK_SIZE_K"]
+    assert num["mma_restart_k"] == step
+    with aiter_triton.PLATFORM.override(nvidia=False):  # AMD MFMA: no alignment model
+        assert "mma_restart_k" not in Q._numerics(p)

@@ -209,6 +209,8 @@ def test_numerics_declare_hopper_fp8_accumulation_only_on_native_cuda_dots(hoppe
     assert k * u >= 128 * 2.0**-13 + k * 2.0**-24
     assert u < 2.0**-13 / 16
     assert nm["operands_dequantized_to"] == torch.float32
+    assert nm["mma_restart_k"] == 128  # a fresh dot per scale block: lift summed per block
+    assert "mma_restart_k" not in fp8  # one accumulator over all of K
     # Decoded operands (FNUZ on NVIDIA) go through bf16 tensor-core dots: truncating fp32
     # accumulation (measured on an H100), nothing coarser.
     fnuz = tq._numerics(_params("fp8", "e4m3fnuz", "e4m3fnuz", k, "cuda"))

@@ -157,31 +157,33 @@ def reference(x, case):
 
     def bound(numerics):  # one declaration, or one per group (the split path's)
         return grouped_tier.grouped_bound(
-            lambda num: (aligned() if num.alignment_floor == FP8_CODE_ALIGNMENT else p_abs,
-                         None),
+            lambda num: (aligned(num.mma_restart_k)
+                         if num.alignment_floor == FP8_CODE_ALIGNMENT else p_abs, None),
             p, value, splits, case["k"], layout, out_dt, numerics, epilogue_abs)
 
     return verdicts(value, out_dt, bound, splits, layout, prior)
 
 
 class _Aligned:
-    """specs/qgemm.py's aligned magnitude (Hopper FP8 MMA), group by group, stitched as the
-    output is; computed on first use."""
+    """specs/qgemm.py's aligned magnitude (Hopper FP8 MMA; per restart block where the
+    backend declares ``mma_restart_k``), group by group, stitched as the output is; computed
+    on first use."""
 
     def __init__(self, a_k, b_k, ra, rb, p_abs, splits, layout):
-        self._args, self._value = (a_k, b_k, ra, rb, p_abs, splits, layout), None
+        self._args, self._values = (a_k, b_k, ra, rb, p_abs, splits, layout), {}
 
-    def __call__(self):
-        if self._value is None:
+    def __call__(self, restart_k: int | None = None):
+        if restart_k not in self._values:
             a_k, b_k, ra, rb, p_abs, splits, layout = self._args
             off = split_offsets(splits)
             parts = []
             for g in range(len(splits)):
                 own = p_abs[g] if splits_k(layout) else p_abs[off[g]:off[g + 1]]
                 parts.append(_AlignedMagnitude(a_k[g if len(a_k) > 1 else 0], b_k[g], ra, rb,
-                                               own)())
-            self._value = np.stack(parts) if splits_k(layout) else np.concatenate(parts)
-        return self._value
+                                               own)(restart_k))
+            self._values[restart_k] = np.stack(parts) if splits_k(layout) \
+                else np.concatenate(parts)
+        return self._values[restart_k]
 
 
 _CUR = {"kind": "current", "fmt": "e4m3", "granularity": "tensor", "force_pow2_scales": False,

@@ -141,8 +141,8 @@ def reference(inputs, case):
     out_dt = dtype_of(case["out_dtype"])
 
     def bound(numerics):
-        mag = aligned() if numerics.alignment_floor == FP8_CODE_ALIGNMENT \
-            else p_abs
+        mag = aligned(numerics.mma_restart_k) \
+            if numerics.alignment_floor == FP8_CODE_ALIGNMENT else p_abs
         return gemm_tier.gemm_tolerances(mag, p, out, case["k"], out_dt, numerics,
                                          alpha=1.0, epilogue_abs=epi)["out"]
 
@@ -156,7 +156,7 @@ def reference(inputs, case):
 
 class _AlignedMagnitude:
     """The magnitude a Hopper FP8 MMA's error scales with, for backends declaring
-    ``alignment_floor`` = FP8_CODE_ALIGNMENT (computed on first use).
+    ``alignment_floor`` = FP8_CODE_ALIGNMENT (computed on first use, per restart period).
 
     Measured on an H200 (tests/test_fp8_mma_accumulator.py): every product is cut toward zero
     at 2^(E - 13), E the largest *nominal* exponent in the sum, and a subnormal code counts at
@@ -164,20 +164,50 @@ class _AlignedMagnitude:
     max(sum |p_k|, max_k |p_k|') where |p_k|' lifts a subnormal code to twice the smallest
     normal (tiers.gemm.aligned_magnitude): the usual gamma_K bound applied to max(|B||A|^T,
     L), L[m, n] = max_k |b_k|' |a_k|'.  Only products with a subnormal code can make L exceed
-    |B||A|^T, so L is taken over those (a max over K per element, computed in K chunks)."""
+    |B||A|^T, so L is taken over those (a max over K per element, computed in K chunks).
+
+    A kernel whose MMA restarts every ``restart_k`` (declared ``mma_restart_k``: a fresh dot
+    per scale block) has one such sum per block, and the blocks' errors add: the magnitude is
+    sum_b max(S_b, L_b) over the K blocks (S_b, L_b: the block's |B||A|^T and L), which is at
+    least max(|B||A|^T, L) and is what its per-block unit roundoff multiplies
+    (tests/test_fp8_mma_block_restart.py: a correct block kernel failed the single max)."""
 
     def __init__(self, a_k, b_k, ra: dict, rb: dict, p_abs: np.ndarray):
-        self._args, self._value = (a_k, b_k, ra, rb, p_abs), None
+        self._args, self._values = (a_k, b_k, ra, rb, p_abs), {}
 
-    def __call__(self) -> np.ndarray:
-        if self._value is None:
-            a_k, b_k, ra, rb, p_abs = self._args
-            (a, sub_a), (b, sub_b) = _lifted(a_k, ra), _lifted(b_k, rb)
-            self._value = p_abs
-            if sub_a.any() or sub_b.any():
-                lifted = np.maximum(_max_products(b, a * sub_a), _max_products(b * sub_b, a))
-                self._value = np.maximum(p_abs, lifted)
-        return self._value
+    def __call__(self, restart_k: int | None = None) -> np.ndarray:
+        if restart_k not in self._values:
+            self._values[restart_k] = self._compute(restart_k)
+        return self._values[restart_k]
+
+    def _compute(self, restart_k: int | None) -> np.ndarray:
+        a_k, b_k, ra, rb, p_abs = self._args
+        (a, sub_a), (b, sub_b) = _lifted(a_k, ra), _lifted(b_k, rb)
+        if not (sub_a.any() or sub_b.any()):
+            return p_abs  # no lift anywhere: L <= |B||A|^T in every block
+        k = a.shape[1]
+        if restart_k is None or restart_k >= k:
+            return np.maximum(p_abs, _lifted_max(a, sub_a, b, sub_b))
+        plain_a, plain_b = _plain(a_k, ra), _plain(b_k, rb)
+        total = np.zeros_like(p_abs)
+        for k0 in range(0, k, restart_k):
+            blk = slice(k0, k0 + restart_k)
+            s_b = plain_b[:, blk] @ plain_a[:, blk].T
+            if sub_a[:, blk].any() or sub_b[:, blk].any():
+                s_b = np.maximum(s_b, _lifted_max(a[:, blk], sub_a[:, blk], b[:, blk],
+                                                  sub_b[:, blk]))
+            total += s_b
+        return total
+
+
+def _lifted_max(a, sub_a, b, sub_b) -> np.ndarray:
+    """L[m, n] = max over k of the products with a lifted (subnormal) code."""
+    return np.maximum(_max_products(b, a * sub_a), _max_products(b * sub_b, a))
+
+
+def _plain(x_k: np.ndarray, r: dict) -> np.ndarray:
+    """|dequantized value| of a K-last operand (no lift)."""
+    return np.abs(dequantize_k_last(*quantize_k_last(x_k, r), r))
 
 
 def _lifted(x_k: np.ndarray, r: dict) -> tuple[np.ndarray, np.ndarray]:

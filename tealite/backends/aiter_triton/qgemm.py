@@ -292,9 +292,11 @@ def _numerics(p) -> dict:
     elif entry == A8W8_BLOCK:
         # A fresh dot per 128-long block at ~14 bits, then at most K partials in fp32: the
         # tier bounds gamma_K(u) |B||A| >= K u |B||A|, so u = (that sum's bound) / K is true.
+        # Its lifted (subnormal-code) magnitudes add per block too: mma_restart_k.
         inner = min(k, cfg["BLOCK_SIZE_K"])
         num["accumulator_unit_roundoff"] = max(
             (_gamma(inner, _FP8_MMA_U) + _gamma(k, 2.0 ** -24)) / k, 2.0 ** -24)
+        num["mma_restart_k"] = inner
     else:
         num["accumulator_unit_roundoff"] = TENSOR_CORE_U  # dot_scaled as bf16 MMA on sm_90
     return num

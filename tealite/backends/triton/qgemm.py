@@ -515,9 +515,12 @@ def _numerics(params) -> dict:
             # A fresh dot per scale block: at most min(K, scale block) terms summed at ~14 bits,
             # then at most K partials summed in fp32.  The tier bounds gamma_K(u) |B||A| and
             # gamma_K(u) >= K u, so u = (that sum's bound) / K is a true declaration.
+            # The sum per block is also why the aligned (lifted) magnitudes must be summed per
+            # block: mma_restart_k (tests/test_fp8_mma_block_restart.py).
             inner = min(k, _scale_k(kind))
             u = (_gamma(inner, _FP8_MMA_UNIT_ROUNDOFF) + _gamma(k, 2.0**-24)) / k
             numerics["accumulator_unit_roundoff"] = max(u, 2.0**-24)
+            numerics["mma_restart_k"] = inner
         numerics["alignment_floor"] = _FP8_CODE_ALIGNMENT
     else:
         # bf16 tensor-core dots (MX, decoded FP8) accumulate with truncation (measured on an
