@@ -21,6 +21,8 @@ compute TE's scale = fmax / amax.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -298,10 +300,17 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
 
 
 def _consts(x: torch.Tensor, recipe) -> dict:
-    fmt = get_format(recipe.fmt)
+    return _consts_of(recipe.fmt, recipe.saturation, x.dtype, hw_fp8(x.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _consts_of(fmt_name: str, saturation, dtype: torch.dtype, hw: bool) -> dict:
+    # Cached: rebuilding these per call cost ~18 us of host time on a 2-core box, before
+    # the first launch (the op-level rate of small quantizes is host-bound).  Read-only.
+    fmt = get_format(fmt_name)
     return dict(_fmt_constants(fmt), **_overflow_constants(fmt),
-                SATURATE=recipe.saturation is Saturation.SATURATE,
-                X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device))
+                SATURATE=saturation is Saturation.SATURATE,
+                X_BF16=dtype == torch.bfloat16, HW_FP8=hw)
 
 
 def _row_warps(block: int) -> int:
@@ -453,8 +462,10 @@ def shared_reason(recipe, *, fused: bool = False) -> tuple[bool, str | None]:
     return False, None
 
 
+@functools.lru_cache(maxsize=256)
 def recipe_reason(recipe) -> str | None:
-    """Why these kernels do not quantize ``recipe`` (None: they do), from its facts."""
+    """Why these kernels do not quantize ``recipe`` (None: they do), from its facts (a pure
+    function of the frozen recipe: cached, it ran on every dispatch)."""
     decided, why = shared_reason(recipe)
     if decided:
         return why
