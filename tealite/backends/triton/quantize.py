@@ -21,8 +21,6 @@ compute TE's scale = fmax / amax.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -300,17 +298,10 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
 
 
 def _consts(x: torch.Tensor, recipe) -> dict:
-    return _consts_of(recipe.fmt, recipe.saturation, x.dtype, hw_fp8(x.device))
-
-
-@functools.lru_cache(maxsize=64)
-def _consts_of(fmt_name: str, saturation, dtype: torch.dtype, hw: bool) -> dict:
-    # Cached: rebuilding these per call cost ~18 us of host time on a 2-core box, before
-    # the first launch (the op-level rate of small quantizes is host-bound).  Read-only.
-    fmt = get_format(fmt_name)
+    fmt = get_format(recipe.fmt)
     return dict(_fmt_constants(fmt), **_overflow_constants(fmt),
-                SATURATE=saturation is Saturation.SATURATE,
-                X_BF16=dtype == torch.bfloat16, HW_FP8=hw)
+                SATURATE=recipe.saturation is Saturation.SATURATE,
+                X_BF16=x.dtype == torch.bfloat16, HW_FP8=hw_fp8(x.device))
 
 
 def _row_warps(block: int) -> int:
@@ -462,10 +453,8 @@ def shared_reason(recipe, *, fused: bool = False) -> tuple[bool, str | None]:
     return False, None
 
 
-@functools.lru_cache(maxsize=256)
 def recipe_reason(recipe) -> str | None:
-    """Why these kernels do not quantize ``recipe`` (None: they do), from its facts (a pure
-    function of the frozen recipe: cached, it ran on every dispatch)."""
+    """Why these kernels do not quantize ``recipe`` (None: they do), from its facts."""
     decided, why = shared_reason(recipe)
     if decided:
         return why
