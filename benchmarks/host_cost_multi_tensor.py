@@ -12,9 +12,8 @@ launch never happens, so the interpreter does not run).
 Prints one line per op: the median and minimum host milliseconds per call (``perf_counter``
 around the call; the minimum is the least disturbed by other processes on a shared box).
 ``--reads`` also prints what one pass over the five Adam lists costs per tensor attribute
-(device and dtype in one C++ grouping call, and as the dtype, device and pairwise shape passes
-it replaced; contiguity, data_ptr, numel, and the identity and version counter a cache keyed on
-tensor identity would read): the floor of any Python host path on that machine.
+(dtype, device, shape, contiguity, data_ptr, numel, and the identity and version counter a
+cache keyed on tensor identity would read): the floor of any Python host path on that machine.
 The tensors are TE-like: ``--tensors`` log-uniform sizes in [1, 2^max_log2] (the benchmark's
 ``mixed_sizes``), bf16 params and grads, fp32 Adam states and master weights.
 """
@@ -86,30 +85,19 @@ def make_calls(lists: dict[str, list[torch.Tensor]]) -> dict:
         "multi_tensor_sgd": lambda: tealite.multi_tensor_sgd(grads, params, moms, sgd,
                                                              backend="triton"),
         "multi_tensor_l2norm": lambda: tealite.multi_tensor_l2norm(grads, backend="triton"),
-        "multi_tensor_scale": lambda: tealite.multi_tensor_scale(grads, 0.5, backend="triton"),
     }
 
 
 T = torch.Tensor
-
-
-def _grouped(ts):
-    from tealite._checks import one_device_and_dtype
-    return one_device_and_dtype(ts)
-
-
-# One C-level pass per attribute (tealite/ops/multi_tensor.py, tealite/_checks.py,
-# tealite/backends/triton/multi_tensor.py).  The host path reads "device+dtype" (one C++
-# grouping call per list), numel, is_contiguous and data_ptr; "dtype", "device" and "shape"
-# are the Python passes they replaced, kept for comparison.
-READS = {"device+dtype": _grouped,
-         "dtype": lambda ts: set(map(operator.attrgetter("dtype"), ts)),
+# One C-level pass per attribute, as the host path reads them (tealite/ops/multi_tensor.py,
+# tealite/_checks.py, tealite/backends/triton/multi_tensor.py).
+READS = {"dtype": lambda ts: set(map(operator.attrgetter("dtype"), ts)),
          "device": lambda ts: set(map(operator.attrgetter("device"), ts)),
          "shape": lambda ts: all(map(operator.eq, map(operator.attrgetter("shape"), ts),
                                      map(operator.attrgetter("shape"), ts))),
          "is_contiguous": lambda ts: all(map(T.is_contiguous, ts)),
          "data_ptr": lambda ts: sum(map(T.data_ptr, ts)),
-         "numel": lambda ts: tuple(map(T.numel, ts)),
+         "numel": lambda ts: sum(map(T.numel, ts)),
          "id": lambda ts: sum(map(id, ts)),
          "_version": lambda ts: sum(map(operator.attrgetter("_version"), ts))}
 

@@ -95,42 +95,14 @@ def capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-# torch's foreach optimizers' grouping (ATen's _group_tensors_by_first_tensors_device_and_dtype,
-# generic, so CUDA, ROCm and CPU builds alike; bound as torch._C._group_tensors_by_device_and_dtype
-# in torch 2.11 and 2.13): it reads every tensor's device and dtype in C++.
-_GROUP_BY_DEVICE_AND_DTYPE = getattr(torch._C, "_group_tensors_by_device_and_dtype", None)
-
-
-def one_device_and_dtype(tensors) -> tuple[torch.device, torch.dtype] | None:
-    """The (device, dtype) every entry of the non-empty sequence ``tensors`` shares, else None
-    (also for a non-tensor or None entry).  One C++ pass over one list: ~0.115 us per tensor on
-    a 2-core CPU box where a Python set of dtypes and a set of devices cost 0.065 + 0.11 us
-    (the devices are built as Python objects).  One list per call on purpose: over several
-    lists the grouping keys on the first list and lets a CPU float32 tensor of a later list
-    through (its exception for optimizer step counters).  Callers build their per-entry error
-    messages only when this fails."""
-    if _GROUP_BY_DEVICE_AND_DTYPE is None:
-        return _one_device_and_dtype_in_python(tensors)
-    try:
-        groups = _GROUP_BY_DEVICE_AND_DTYPE([tensors], False)
-    except (TypeError, RuntimeError):  # an entry that is not a tensor (TypeError) or is None
-        return None
-    return next(iter(groups)) if len(groups) == 1 else None
-
-
-def _one_device_and_dtype_in_python(tensors) -> tuple[torch.device, torch.dtype] | None:
-    """:func:`one_device_and_dtype` for a torch without the C++ grouping: a pass over the
-    types, then one set of dtypes and one of devices."""
-    if not all(issubclass(k, torch.Tensor) for k in set(map(type, tensors))):
-        return None
-    dtypes, devices = set(map(_DTYPE, tensors)), set(map(_DEVICE, tensors))
-    if len(dtypes) != 1 or len(devices) != 1:
-        return None
-    return next(iter(devices)), next(iter(dtypes))
-
-
 def one_dtype_and_device(tensors) -> torch.dtype | None:
-    """The tensors' common dtype when they all share it and one device, else None (including
-    an empty sequence): :func:`one_device_and_dtype`'s dtype."""
-    key = one_device_and_dtype(tensors)
-    return None if key is None else key[1]
+    """The tensors' common dtype when they all share it and one device, else None: two cheap
+    passes for long lists, a set of dtypes and a set of devices (measured on a 2-core CPU box
+    over 1000 scattered tensors, 0.07 + 0.11 us per tensor; a set of (dtype, device) pairs
+    builds and hashes a tuple per tensor, 0.20 us, and the former (dtype, get_device,
+    is_cuda, is_meta) tuple 0.26-0.32 us).  Callers build their per-entry error messages only
+    when this fails."""
+    dtypes = set(map(_DTYPE, tensors))
+    if len(dtypes) != 1 or len(set(map(_DEVICE, tensors))) != 1:
+        return None
+    return next(iter(dtypes))

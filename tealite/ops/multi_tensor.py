@@ -3,10 +3,8 @@
 Every op takes Python sequences of tensors ("lists"; list i of every argument belongs to the
 same parameter), computes in float32 and, like TE, works tensor by tensor, elementwise,
 chunk by chunk (``MTA_CHUNK_ELEMENTS``) in a fused backend.  Within one list all tensors share
-one dtype and one device (TE dispatches a list on its first tensor's dtype), all lists one
-device; the tensors at one index share their element count, not necessarily their shape (TE's
-``multi_tensor_apply`` contract: they are updated element by element in flat order); empty
-tensors are allowed and contribute nothing.
+one dtype and one device (TE dispatches a list on its first tensor's dtype); empty tensors are
+allowed and contribute nothing.
 
 * ``multi_tensor_scale(tensors, scale, out_dtype=None, noop_flag=None)``: ``out_i =
   round_out(fp32(x_i) * fp32(scale))``, and the int32 (1,) ``noop_flag`` set to 1 when any
@@ -52,6 +50,7 @@ tensors are allowed and contribute nothing.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -59,13 +58,13 @@ import torch
 
 import tealite.registry as registry
 from tealite._checks import (FLOAT_DTYPES, check_choice, check_finite_number, dtype_name,
-                             one_device_and_dtype, require)
-from tealite.errors import TealiteArgumentError
+                             one_dtype_and_device, require)
 from tealite.formats import FP8_FORMATS
 from tealite.training_types import AdamOptions, SGDOptions
 from tealite.types import Op
 
 F32 = (torch.float32,)
+_SHAPE = operator.attrgetter("shape")
 
 
 @dataclass(frozen=True)
@@ -102,53 +101,44 @@ class Scales:
     scale_invs: tuple[torch.Tensor, ...]
 
 
-@dataclass(frozen=True)
-class TensorList:
-    """One checked list argument and what the checks read of it: its one device and dtype
-    (None for an empty list) and each tensor's element count."""
-    name: str
-    tensors: tuple[torch.Tensor, ...]
-    device: torch.device | None
-    dtype: torch.dtype | None
-    numels: tuple[int, ...]  # one per tensor
+def _all_tensors(tensors) -> bool:
+    """Every entry a torch.Tensor (or a subclass such as Parameter): a C-level pass over the
+    types, then one check per distinct type (a list holds one or two)."""
+    return all(issubclass(k, torch.Tensor) for k in set(map(type, tensors)))
 
 
-def read_list(name: str, tensors, *, dtypes=FLOAT_DTYPES,
-              partner: TensorList | None = None) -> TensorList:
-    """A list of tensors of one device and one dtype (among ``dtypes``); ``partner``: the
-    call's first list, which this one must match in length and, index by index, in element
-    count.  Like TE's ``multi_tensor_apply`` (its check is ``tensor_lists[l][t].numel() ==
-    tensor_lists[0][t].numel()``), the tensors at one index are updated element by element in
-    flat order, so their shapes may differ.  An optimizer step runs this over 4-5 lists of
-    ~1000 tensors, so the fast path is two C-level passes per list (device and dtype in one
-    C++ call, then the element counts); the per-entry pass runs, and builds its messages, only
-    when they fail."""
+def _same_shapes(tensors, like) -> bool:
+    """Entry by entry, C-level: each pair's two ``torch.Size`` are freed at once.  (Holding a
+    list of 1000 sizes alive per call made the garbage collector run: ~0.1 ms of young
+    collections per Adam step and a full collection, ~100 ms, every ~100 steps.)"""
+    return all(map(operator.eq, map(_SHAPE, tensors), map(_SHAPE, like)))
+
+
+def check_list(name: str, tensors, *, dtypes=FLOAT_DTYPES, length: int | None = None,
+               like=None) -> tuple[torch.Tensor, ...]:
+    """A list of tensors of one dtype (among ``dtypes``) and one device; ``length``: the
+    first list's length; ``like``: the first list, whose shapes this one must match.
+    Checked in one cheap pass per property (an optimizer step runs this over 4-5 lists of
+    ~1000 tensors: the front end's host time is these per-entry attribute reads), the message
+    built only for the first bad entry."""
     require(isinstance(tensors, (list, tuple)),
             f"{name} must be a list or tuple of tensors, got {type(tensors).__name__}")
     tensors = tuple(tensors)
-    if partner is not None:
-        require(len(tensors) == len(partner.tensors),
-                f"{name} must have {len(partner.tensors)} tensors (one per entry of "
-                f"{partner.name}), got {len(tensors)}")
+    if length is not None:
+        require(len(tensors) == length, f"{name} must have {length} tensors (one per entry of "
+                                        f"the first list), got {len(tensors)}")
     if not tensors:
-        return TensorList(name, tensors, None, None, ())
-    key = one_device_and_dtype(tensors)
-    if key is None or key[1] not in dtypes:
-        for i, t in enumerate(tensors):
-            _check_entry(name, i, t, tensors[0], dtypes)
-        key = tensors[0].device, tensors[0].dtype
-    # A tuple of ints compared as a whole: cheaper than a numpy array (0.05 against 0.08 us
-    # per tensor to build).  Every entry is a tensor by now (T.numel raises on anything else).
-    numels = tuple(map(torch.Tensor.numel, tensors))
-    if partner is not None and numels != partner.numels:
-        i = next(i for i, (a, b) in enumerate(zip(numels, partner.numels)) if a != b)
-        raise TealiteArgumentError(
-            f"{name}[{i}] has {numels[i]} elements, {partner.name}[{i}] {partner.numels[i]} "
-            f"(the tensors at one index are updated element by element: equal element counts)")
-    return TensorList(name, tensors, key[0], key[1], numels)
+        return tensors
+    first = tensors[0]
+    if _all_tensors(tensors) and first.dtype in dtypes and one_dtype_and_device(
+            tensors) is not None and (like is None or _same_shapes(tensors, like)):
+        return tensors
+    for i, t in enumerate(tensors):
+        _check_entry(name, i, t, first, dtypes, None if like is None else like[i])
+    return tensors
 
 
-def _check_entry(name: str, i: int, t, first, dtypes) -> None:
+def _check_entry(name: str, i: int, t, first, dtypes, partner) -> None:
     require(isinstance(t, torch.Tensor),
             f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
     allowed = ", ".join(dtype_name(d) for d in dtypes)
@@ -159,15 +149,18 @@ def _check_entry(name: str, i: int, t, first, dtypes) -> None:
                                     f" (one dtype per list)")
     require(t.device == first.device, f"{name}[{i}] is on {t.device}, {name}[0] on "
                                       f"{first.device} (one device per call)")
+    if partner is not None:
+        require(t.shape == partner.shape, f"{name}[{i}] shape {tuple(t.shape)} differs from "
+                                          f"its partner's {tuple(partner.shape)}")
 
 
-def _same_device(lists: Sequence[TensorList]) -> None:
-    """Every non-empty list on the first list's device (each list's own device is checked by
-    :func:`read_list`)."""
-    ref = lists[0]
-    for other in lists[1:]:
-        require(ref.device is None or other.device is None or other.device == ref.device,
-                f"{other.name} is on {other.device}, {ref.name} on {ref.device} "
+def _same_device(first: str, lists: dict[str, tuple]) -> None:
+    ref = lists[first]
+    if not ref:
+        return
+    for name, ts in lists.items():
+        require(not ts or ts[0].device == ref[0].device,
+                f"{name} is on {ts[0].device if ts else None}, {first} on {ref[0].device} "
                 f"(one device per call)")
 
 
@@ -182,12 +175,10 @@ def _flag(noop_flag, device) -> torch.Tensor:
     return noop_flag
 
 
-def _params(op: Op, first: tuple, dtype, numels: tuple[int, ...], **extra) -> dict:
-    """The dispatch parameters; ``numels``: the first list's element counts as
-    :func:`read_list` read them."""
+def _params(op: Op, first: tuple, dtype, **extra) -> dict:
     device = first[0].device if first else torch.device("cpu")
     return dict(op=op, dtype=dtype, device=registry.device_kind(device), count=len(first),
-                numels=numels, **extra)
+                numels=tuple(map(torch.Tensor.numel, first)), **extra)
 
 
 def _device(tensors) -> torch.device:
@@ -197,8 +188,7 @@ def _device(tensors) -> torch.device:
 def multi_tensor_scale(tensors, scale: float, *, out_dtype: torch.dtype | None = None,
                        noop_flag: torch.Tensor | None = None,
                        backend: str | None = None) -> ScaleResult:
-    listed = read_list("tensors", tensors)
-    xs = listed.tensors
+    xs = check_list("tensors", tensors)
     scale = check_finite_number("scale", scale)
     out_dtype = out_dtype or (xs[0].dtype if xs else torch.float32)
     require(out_dtype in FLOAT_DTYPES, f"out_dtype must be one of float32, bfloat16, float16, "
@@ -206,8 +196,7 @@ def multi_tensor_scale(tensors, scale: float, *, out_dtype: torch.dtype | None =
     flag = _flag(noop_flag, _device(xs))
     dtype = xs[0].dtype if xs else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_SCALE,
-                             _params(Op.MULTI_TENSOR_SCALE, xs, dtype, listed.numels,
-                                     out_dtype=out_dtype),
+                             _params(Op.MULTI_TENSOR_SCALE, xs, dtype, out_dtype=out_dtype),
                              backend)
     outs = impl.fn(xs, scale, out_dtype=out_dtype, noop_flag=flag)
     return ScaleResult(tuple(outs), flag)
@@ -216,12 +205,11 @@ def multi_tensor_scale(tensors, scale: float, *, out_dtype: torch.dtype | None =
 def multi_tensor_l2norm(tensors, *, per_tensor: bool = True,
                         noop_flag: torch.Tensor | None = None,
                         backend: str | None = None) -> L2Norms:
-    listed = read_list("tensors", tensors)
-    xs = listed.tensors
+    xs = check_list("tensors", tensors)
     require(isinstance(per_tensor, bool), f"per_tensor must be a bool, got {per_tensor!r}")
     dtype = xs[0].dtype if xs else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_L2NORM,
-                             _params(Op.MULTI_TENSOR_L2NORM, xs, dtype, listed.numels), backend)
+                             _params(Op.MULTI_TENSOR_L2NORM, xs, dtype), backend)
     flag = _flag(noop_flag, _device(xs))
     total, per = impl.fn(xs, per_tensor=per_tensor, inv_scale=None, noop_flag=flag)
     return L2Norms(total, per, flag)
@@ -230,16 +218,14 @@ def multi_tensor_l2norm(tensors, *, per_tensor: bool = True,
 def multi_tensor_unscale_l2norm(tensors, inv_scale: torch.Tensor, *, per_tensor: bool = True,
                                 noop_flag: torch.Tensor | None = None,
                                 backend: str | None = None) -> L2Norms:
-    listed = read_list("tensors", tensors)
-    xs = listed.tensors
+    xs = check_list("tensors", tensors)
     require(isinstance(inv_scale, torch.Tensor) and inv_scale.dtype == torch.float32
             and tuple(inv_scale.shape) == (1,), "inv_scale must be a float32 tensor of shape (1,)")
     require(not xs or inv_scale.device == xs[0].device,
             f"inv_scale is on {inv_scale.device}, the tensors on {_device(xs)}")
     dtype = xs[0].dtype if xs else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_UNSCALE_L2NORM,
-                             _params(Op.MULTI_TENSOR_UNSCALE_L2NORM, xs, dtype,
-                                     listed.numels), backend)
+                             _params(Op.MULTI_TENSOR_UNSCALE_L2NORM, xs, dtype), backend)
     flag = _flag(noop_flag, _device(xs))
     total, per = impl.fn(xs, per_tensor=per_tensor, inv_scale=inv_scale, noop_flag=flag)
     return L2Norms(total, per, flag)
@@ -259,23 +245,22 @@ def _check_adam_options(o) -> None:
 def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options: AdamOptions, *,
                       master_params=None, backend: str | None = None) -> AdamResult:
     _check_adam_options(options)
-    gs = read_list("grads", grads)
-    ps = read_list("params", params, partner=gs)
-    ms = read_list("exp_avgs", exp_avgs, partner=gs)
-    vs = read_list("exp_avg_sqs", exp_avg_sqs, dtypes=(ms.dtype,) if ms.dtype else FLOAT_DTYPES,
-                   partner=gs)
-    masters = None if master_params is None else read_list(
-        "master_params", master_params, dtypes=F32, partner=gs)
-    _same_device([gs, ps, ms, vs] + ([masters] if masters is not None else []))
-    dtype = ps.dtype or torch.float32
+    gs = check_list("grads", grads)
+    ps = check_list("params", params, length=len(gs), like=gs)
+    ms = check_list("exp_avgs", exp_avgs, length=len(gs), like=gs)
+    vs = check_list("exp_avg_sqs", exp_avg_sqs, dtypes=(ms[0].dtype,) if ms else FLOAT_DTYPES,
+                    length=len(gs), like=gs)
+    masters = None if master_params is None else check_list(
+        "master_params", master_params, dtypes=F32, length=len(gs), like=gs)
+    _same_device("grads", dict(grads=gs, params=ps, exp_avgs=ms, exp_avg_sqs=vs,
+                               master_params=masters or ()))
+    dtype = ps[0].dtype if ps else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_ADAM, _params(
-        Op.MULTI_TENSOR_ADAM, ps.tensors, dtype, ps.numels, grad_dtype=gs.dtype or dtype,
+        Op.MULTI_TENSOR_ADAM, ps, dtype, grad_dtype=gs[0].dtype if gs else dtype,
         master=masters is not None, adam_w_mode=options.adam_w_mode,
-        state_dtype=ms.dtype or torch.float32), backend)
-    master_tensors = None if masters is None else masters.tensors
-    impl.fn(gs.tensors, ps.tensors, ms.tensors, vs.tensors, options,
-            master_params=master_tensors)
-    return AdamResult(ps.tensors, ms.tensors, vs.tensors, master_tensors)
+        state_dtype=ms[0].dtype if ms else torch.float32), backend)
+    impl.fn(gs, ps, ms, vs, options, master_params=masters)
+    return AdamResult(ps, ms, vs, masters)
 
 
 def _check_sgd_options(o) -> None:
@@ -290,34 +275,31 @@ def multi_tensor_sgd(grads, params, momenta, options: SGDOptions, *, model_param
                      noop_flag: torch.Tensor | None = None,
                      backend: str | None = None) -> SGDResult:
     _check_sgd_options(options)
-    gs = read_list("grads", grads)
-    ps = read_list("params", params, partner=gs)
-    moms = read_list("momenta", momenta, dtypes=(ps.dtype,) if ps.dtype else FLOAT_DTYPES,
-                     partner=gs)
-    copies = None if model_params is None else read_list("model_params", model_params,
-                                                         partner=gs)
-    _same_device([gs, ps, moms] + ([copies] if copies is not None else []))
-    flag = _flag(noop_flag, _device(gs.tensors))
-    dtype = ps.dtype or torch.float32
+    gs = check_list("grads", grads)
+    ps = check_list("params", params, length=len(gs), like=gs)
+    moms = check_list("momenta", momenta, dtypes=(ps[0].dtype,) if ps else FLOAT_DTYPES,
+                      length=len(gs), like=gs)
+    copies = None if model_params is None else check_list(
+        "model_params", model_params, length=len(gs), like=gs)
+    _same_device("grads", dict(grads=gs, params=ps, momenta=moms, model_params=copies or ()))
+    flag = _flag(noop_flag, _device(gs))
+    dtype = ps[0].dtype if ps else torch.float32
     impl = registry.dispatch(Op.MULTI_TENSOR_SGD, _params(
-        Op.MULTI_TENSOR_SGD, ps.tensors, dtype, ps.numels, grad_dtype=gs.dtype or dtype,
+        Op.MULTI_TENSOR_SGD, ps, dtype, grad_dtype=gs[0].dtype if gs else dtype,
         model_copy=copies is not None), backend)
-    copy_tensors = None if copies is None else copies.tensors
-    impl.fn(gs.tensors, ps.tensors, moms.tensors, options, model_params=copy_tensors,
-            noop_flag=flag)
-    return SGDResult(ps.tensors, moms.tensors, copy_tensors)
+    impl.fn(gs, ps, moms, options, model_params=copies, noop_flag=flag)
+    return SGDResult(ps, moms, copies)
 
 
 def multi_tensor_compute_scale(amaxes, fmt: str, *, margin: int = 0, force_pow2: bool = False,
                                epsilon: float = 0.0, backend: str | None = None) -> Scales:
-    listed = read_list("amaxes", amaxes, dtypes=F32)
-    amax = listed.tensors
+    amax = check_list("amaxes", amaxes, dtypes=F32)
     check_choice("fmt", fmt, FP8_FORMATS)
     require(isinstance(margin, int) and not isinstance(margin, bool) and 0 <= margin <= 64,
             f"margin must be an int in [0, 64], got {margin!r}")
     epsilon = check_finite_number("epsilon", epsilon)
     require(epsilon >= 0.0, f"epsilon must be >= 0, got {epsilon}")
     impl = registry.dispatch(Op.MULTI_TENSOR_COMPUTE_SCALE, _params(
-        Op.MULTI_TENSOR_COMPUTE_SCALE, amax, torch.float32, listed.numels, fmt=fmt), backend)
+        Op.MULTI_TENSOR_COMPUTE_SCALE, amax, torch.float32, fmt=fmt), backend)
     scales, invs = impl.fn(amax, fmt, margin=margin, force_pow2=force_pow2, epsilon=epsilon)
     return Scales(tuple(scales), tuple(invs))

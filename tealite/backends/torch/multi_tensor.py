@@ -22,17 +22,6 @@ def _f32(value: float, device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=device)
 
 
-def _flat32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in float32, flattened: the tensors at one index of the lists share their element
-    count, not necessarily their shape (TE's contract), and are updated in flat order."""
-    return x.float().reshape(-1)
-
-
-def _store(dst: torch.Tensor, value: torch.Tensor) -> None:
-    """A flat result into ``dst`` in ``dst``'s shape, rounded to its dtype."""
-    dst.copy_(value.to(dst.dtype).reshape(dst.shape))
-
-
 def any_nonfinite(x: torch.Tensor) -> bool:
     return bool((~torch.isfinite(x)).any()) if x.numel() else False
 
@@ -102,13 +91,13 @@ def multi_tensor_adam(grads, params, exp_avgs, exp_avg_sqs, options, *, master_p
     bc1, bc2 = bias_corrections(options)
     for i, g in enumerate(grads):
         source = master_params[i] if master_params is not None else params[i]
-        p, m, v = adam_direction(_flat32(g), _flat32(source), _flat32(exp_avgs[i]),
-                                 _flat32(exp_avg_sqs[i]), options, bc1, bc2)
-        _store(exp_avgs[i], m)
-        _store(exp_avg_sqs[i], v)
+        p, m, v = adam_direction(g.float(), source.float(), exp_avgs[i].float(),
+                                 exp_avg_sqs[i].float(), options, bc1, bc2)
+        exp_avgs[i].copy_(m)
+        exp_avg_sqs[i].copy_(v)
         if master_params is not None:
-            _store(master_params[i], p)
-        _store(params[i], p)
+            master_params[i].copy_(p)
+        params[i].copy_(p.to(params[i].dtype))
 
 
 def sgd_direction(g, w, mom, o: SGDOptions):
@@ -131,11 +120,11 @@ def multi_tensor_sgd(grads, params, momenta, options, *, model_params, noop_flag
     if bool(noop_flag.item()):
         return
     for i, g in enumerate(grads):
-        w, mom = sgd_direction(_flat32(g), _flat32(params[i]), _flat32(momenta[i]), options)
-        _store(momenta[i], mom)
-        _store(params[i], w)
+        w, mom = sgd_direction(g.float(), params[i].float(), momenta[i].float(), options)
+        momenta[i].copy_(mom.to(momenta[i].dtype))
+        params[i].copy_(w.to(params[i].dtype))
         if model_params is not None:
-            _store(model_params[i], w)
+            model_params[i].copy_(w.to(model_params[i].dtype))
 
 
 def scale_from_amax(amax, fmt: str, margin: int, force_pow2: bool, epsilon: float):
