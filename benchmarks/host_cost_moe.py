@@ -42,6 +42,8 @@ class Counts:
 
     reads: collections.Counter = field(default_factory=collections.Counter)
     launches: collections.Counter = field(default_factory=collections.Counter)
+    # reads ("read") and launches (the kernel's name) in call order: where a sync sits
+    order: list = field(default_factory=list)
 
 
 class _Launcher:
@@ -53,6 +55,7 @@ class _Launcher:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.counts.launches[self.name] += 1
+            self.counts.order.append(self.name)
             if not self.stub:
                 return self.kernel[grid](*args, **kwargs)
         return launch
@@ -69,6 +72,7 @@ def counting(modules=(), *, stub: bool = False):
 
             def read(self, *args, _original=original, _name=name, **kwargs):
                 counts.reads[_name] += 1
+                counts.order.append("read")
                 return _original(self, *args, **kwargs)
             setattr(torch.Tensor, name, read)
             undo.callback(setattr, torch.Tensor, name, original)

@@ -211,13 +211,35 @@ class PendingCounts:
     (an int tensor (E,) on the map's device, which a backend's kernels computed) and
     ``num_out_tokens``.  Reading them is a device sync, so a backend hands this to
     :class:`RowIdMap` and the read happens when ``tokens_per_expert`` is first asked for
-    (never, for a caller that only moves rows)."""
+    (never, for a caller that only moves rows).  ``index_bounds``: ``routed`` holds two more
+    values, the indices' min and max, so that the front end's range check and the counts
+    are one read (:meth:`RowIdMap.settle`)."""
 
     routed: torch.Tensor
     num_out_tokens: int
+    index_bounds: bool = False
+
+    def read_all(self) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+        """(kept per expert, the indices' (min, max) or None), in one read-back."""
+        values = self.routed.tolist()
+        e = len(values) - 2 if self.index_bounds else len(values)
+        bounds = (values[e], values[e + 1]) if self.index_bounds else None
+        return kept_per_expert(values[:e], self.num_out_tokens), bounds
 
     def read(self) -> tuple[int, ...]:
-        return kept_per_expert(self.routed.tolist(), self.num_out_tokens)
+        return self.read_all()[0]
+
+
+def takes_unchecked_routing(fn):
+    """Marks a backend's ``moe_permute`` that the front end may call before checking the
+    routing's values: out-of-range indices get no row and move nothing, a ``num_out_tokens``
+    above the routed count leaves rows unwritten (the front end raises either way before the
+    result is returned), ``num_out_tokens=None`` for a mask means every routed slot (the
+    backend reads the count where it must size the output), and the index map's
+    :class:`PendingCounts` carry the indices' bounds.  The front end then checks from that
+    one read after the backend's launches instead of syncing before them."""
+    fn.takes_unchecked_routing = True
+    return fn
 
 
 @dataclass(frozen=True, init=False)
@@ -250,9 +272,17 @@ class RowIdMap:
 
     @property
     def tokens_per_expert(self) -> tuple[int, ...]:
-        if isinstance(self.kept, PendingCounts):
-            object.__setattr__(self, "kept", self.kept.read())  # read once, then kept
+        self.settle()
         return self.kept
+
+    def settle(self) -> tuple[int, int] | None:
+        """Read pending counts now (one read-back, then kept) and return the index bounds
+        they carried; None when they carried none or were read before."""
+        if not isinstance(self.kept, PendingCounts):
+            return None
+        kept, bounds = self.kept.read_all()
+        object.__setattr__(self, "kept", kept)
+        return bounds
 
     @property
     def num_tokens(self) -> int:

@@ -405,30 +405,89 @@ def test_triton_row_map_marks_slots_no_expert_owns():
     assert out.tolist() == [[0.0], [2.0]] and row_map.tokens_per_expert == (1, 1)
 
 
-@pytest.mark.parametrize("map_type", ["mask", "index"])
-def test_triton_permute_reads_the_device_once(map_type):
-    """One host read-back per permute call (the front end's value check: the indices'
-    bounds in one read, a mask's routed count); the kept tokens per expert are read when first
-    asked for, once.  Two launches for an index map's rows plus a moved tensor, one more for
-    a mask's counts.  Each read is a device sync, which at op level cost more than the
-    kernels (docs/benchmarks.md); fails if a check or the counts add one (index maps read
-    three times a call before: min and max apart, then the counts)."""
+# (map type, num_out_tokens given): the order of one checked call's launches and its one
+# read-back.  An index map's check reads the rows kernel's counts and bounds after every
+# launch (x and the probs scattered); a mask without num_out_tokens reads its counts before
+# the scatters (they size the output), with it after them.
+CHECKED_ORDER = {
+    ("index", None): ["_rows_kernel", "_scatter_rows_kernel", "_scatter_rows_kernel", "read"],
+    ("index", 5): ["_rows_kernel", "_scatter_rows_kernel", "_scatter_rows_kernel", "read"],
+    ("mask", None): ["_count_kernel", "_rows_kernel", "read", "_scatter_rows_kernel",
+                     "_scatter_rows_kernel"],
+    ("mask", 5): ["_count_kernel", "_rows_kernel", "_scatter_rows_kernel",
+                  "_scatter_rows_kernel", "read"],
+}
+
+
+@pytest.mark.parametrize("map_type,num_out", list(CHECKED_ORDER))
+def test_triton_permute_reads_the_device_once(map_type, num_out):
+    """One host read-back per checked permute call, which also settles tokens_per_expert (no
+    second read when the grouped GEMM asks for its m_splits), and no torch op launched for
+    the checks: they come out of the map kernels.  Each read is a device sync, which at op
+    level cost more than the kernels (docs/benchmarks.md); the read sits after every launch
+    where nothing has to be sized by it, so the host's dispatch and launches overlap the
+    device instead of following a drained queue.  Fails if a check adds a read, a launch or
+    moves the read earlier (main at 17b4129: a torch aminmax / sum and the read before the
+    map kernels, and a second read for tokens_per_expert)."""
     _triton_or_skip()
-    from benchmarks.host_cost_moe import counting
+    from benchmarks.host_cost_moe import counting, torch_kernel_ops
     import tealite.backends.triton.permute as module
     idx = torch.tensor([[0, 2], [1, 2], [2, 0]])
     routing = idx if map_type == "index" else \
         torch.zeros((3, 3), dtype=torch.bool).scatter_(1, idx, True)
+    x, probs = torch.ones(3, 4), torch.rand(routing.shape)
+
+    def call():
+        return tealite.moe_permute(x, routing, map_type=map_type, num_experts=3,
+                                   num_out_tokens=num_out, probs=probs, backend="triton")
     with counting([module]) as counts:
-        p = tealite.moe_permute(torch.ones(3, 4), routing, map_type=map_type, num_experts=3,
-                                probs=torch.rand(routing.shape), backend="triton")
-        at_call = sum(counts.reads.values())
-        assert p.row_id_map.tokens_per_expert == (2, 1, 3)
-        assert p.row_id_map.tokens_per_expert == (2, 1, 3)
-    assert at_call == 1 and sum(counts.reads.values()) == 2, counts.reads
-    maps = {"_rows_kernel": 1} if map_type == "index" else {"_count_kernel": 1, "_rows_kernel": 1}
-    assert counts.launches == dict(maps, _scatter_rows_kernel=2)  # x and the probs
+        p = call()
+        assert counts.order == CHECKED_ORDER[(map_type, num_out)]
+        kept = (2, 1, 3) if num_out is None else (2, 1, 2)
+        assert p.row_id_map.tokens_per_expert == kept
+        assert sum(counts.reads.values()) == 1, counts.reads
+    # the interpreter runs the kernels through torch copies of its own; no other op may run
+    assert set(torch_kernel_ops(call)) <= {"aten::set_", "aten::new_empty", "aten::copy_"}
     assert torch.Tensor.tolist.__name__ == "tolist"  # restored on exit
+
+
+INDEX_BAD = [
+    (torch.tensor([[0, 1], [1, 3]]), r"got values in \[0, 3\]"),
+    (torch.tensor([[0, -1], [1, 2]], dtype=torch.int32), r"got values in \[-1, 2\]"),
+    (torch.tensor([[0, 1], [2 ** 40, -(2 ** 40)]]), r"got values in \[-1099511627776, "
+                                                    r"1099511627776\]"),
+]
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("block", [4096, 2], ids=["one block", "scan blocks"])
+@pytest.mark.parametrize("idx,message", INDEX_BAD, ids=["high", "negative", "int64 wide"])
+def test_out_of_range_indices_raise_with_their_bounds(monkeypatch, backend, block, idx,
+                                                      message):
+    """The range check keeps its error and reports the indices' min and max, int64 ones
+    included, also where triton's check comes out of its map kernel after the launches (the
+    bounds carried across scan blocks: 2 slots a block here); in range passes."""
+    import tealite.backends.triton.permute as module
+    monkeypatch.setattr(module, "_MAP_BLOCK", block)
+    x = torch.arange(8.0).reshape(2, 4)
+    with pytest.raises(TealiteArgumentError, match=r"indices must lie in \[0, num_experts = 3\), "
+                                                   + message):
+        tealite.moe_permute(x, idx, map_type="index", num_experts=3, backend=backend)
+    ok = tealite.moe_permute(x, idx.clamp(0, 2), map_type="index", num_experts=3,
+                             backend=backend)
+    assert ok.row_id_map.rows.tolist() == \
+        ref.row_id_map(idx.clamp(0, 2).numpy(), "index", 3, 4).tolist()
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_num_out_above_a_masks_routed_count_raises(backend):
+    """A mask's num_out_tokens above its routed slots raises with both numbers (triton:
+    checked from the counts read after its launches); equal to them passes."""
+    with pytest.raises(TealiteArgumentError,
+                       match=r"num_out_tokens \(8\) must be <= the routed slots \(7\)"):
+        tealite.moe_permute(X, TE_MASK, num_out_tokens=8, backend=backend)
+    p = tealite.moe_permute(X, TE_MASK, num_out_tokens=7, backend=backend)
+    assert p.row_id_map.rows.tolist() == TE_ROWS
 
 
 @pytest.mark.parametrize("backend", _backends())
