@@ -206,6 +206,33 @@ def kept_per_expert(counts: Sequence[int], num_out_tokens: int) -> tuple[int, ..
 
 
 @dataclass(frozen=True)
+class HostCopy:
+    """A device tensor's copy to the host, started now: on CUDA into pinned memory with an
+    event after it, so that reading it waits only for the work queued before the copy, not
+    for the kernels launched after it (a permute's scatters keep the device busy while the
+    host waits on its map kernel's counts).  Elsewhere the tensor itself (a CPU tensor is
+    host memory; the interpreter's kernels have run)."""
+
+    host: torch.Tensor
+    done: object | None  # torch.cuda.Event, or None where nothing is in flight
+
+    @staticmethod
+    def start(t: torch.Tensor) -> HostCopy:
+        if not t.is_cuda:
+            return HostCopy(t, None)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)  # on t's device's current stream, as its kernels
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(t.device))
+        return HostCopy(host, done)
+
+    def tolist(self) -> list:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()
+
+
+@dataclass(frozen=True)
 class PendingCounts:
     """A row-id map's kept rows per expert not read back yet: the routed slots per expert
     (an int tensor (E,) on the map's device, which a backend's kernels computed) and
@@ -213,15 +240,17 @@ class PendingCounts:
     :class:`RowIdMap` and the read happens when ``tokens_per_expert`` is first asked for
     (never, for a caller that only moves rows).  ``index_bounds``: ``routed`` holds two more
     values, the indices' min and max, so that the front end's range check and the counts
-    are one read (:meth:`RowIdMap.settle`)."""
+    are one read (:meth:`RowIdMap.settle`).  ``copy``: their copy to the host, started by the
+    backend right after the kernel that computed them (None: read ``routed`` itself)."""
 
     routed: torch.Tensor
     num_out_tokens: int
     index_bounds: bool = False
+    copy: HostCopy | None = None
 
     def read_all(self) -> tuple[tuple[int, ...], tuple[int, int] | None]:
         """(kept per expert, the indices' (min, max) or None), in one read-back."""
-        values = self.routed.tolist()
+        values = (self.routed if self.copy is None else self.copy).tolist()
         e = len(values) - 2 if self.index_bounds else len(values)
         bounds = (values[e], values[e + 1]) if self.index_bounds else None
         return kept_per_expert(values[:e], self.num_out_tokens), bounds

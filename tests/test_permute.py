@@ -451,6 +451,21 @@ def test_triton_permute_reads_the_device_once(map_type, num_out):
     assert torch.Tensor.tolist.__name__ == "tolist"  # restored on exit
 
 
+def test_host_copy_waits_for_its_copy_before_reading():
+    """The counts' host copy reads only after its event (CUDA: the async copy into pinned
+    memory has landed); a CPU tensor is read as it is, with nothing to wait for."""
+    from tealite.moe_types import HostCopy
+    seen = []
+
+    class Done:
+        def synchronize(self):
+            seen.append("waited")
+    host = torch.tensor([3, 1])
+    assert HostCopy(host, Done()).tolist() == [3, 1] and seen == ["waited"]
+    cpu = HostCopy.start(host)
+    assert cpu.host is host and cpu.done is None and cpu.tolist() == [3, 1]
+
+
 INDEX_BAD = [
     (torch.tensor([[0, 1], [1, 3]]), r"got values in \[0, 3\]"),
     (torch.tensor([[0, -1], [1, 2]], dtype=torch.int32), r"got values in \[-1, 2\]"),

@@ -32,7 +32,10 @@ tensor.  The per-expert counts (an index map's followed by the indices' min and 
 front end's range check) go into the map as ``PendingCounts``, read once by the front end's
 value check after every launch, or when ``tokens_per_expert`` (the grouped GEMM's m_splits)
 is first asked for; the backend reads them itself only for a mask without
-``num_out_tokens``, whose count sizes the output (op-level host cost: docs/benchmarks.md).
+``num_out_tokens``, whose count sizes the output.  Their copy to the host starts right after
+the kernel that computes them (``HostCopy``: pinned memory and an event on CUDA), so the
+read waits for the map kernels only, while the scatters queued after them keep the device
+busy (op-level host cost: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
-from tealite.moe_types import (MapType, PendingCounts, RowIdMap, chunk_source_rows,
+from tealite._checks import capturing
+from tealite.moe_types import (HostCopy, MapType, PendingCounts, RowIdMap, chunk_source_rows,
                                pad_source_rows, takes_unchecked_routing, unpad_source_rows)
 from tealite.types import Op
 
@@ -236,17 +240,24 @@ _MAP_BLOCK = 4096
 _MAP_WARPS = 8
 
 
-def _launch_row_map(routing, map_type, num_experts: int,
-                    num_out_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _host_copy(counts: torch.Tensor) -> HostCopy | None:
+    """The counts' copy to the host, started after the kernel that computes them (none while
+    a CUDA graph is captured: nothing is read then)."""
+    return None if capturing(counts) else HostCopy.start(counts)
+
+
+def _launch_row_map(routing, map_type, num_experts: int, num_out_tokens: int | None):
     """Launch the row-id map (moe_types' order) over the caller's routing as it is (no
     conversion ops): every slot's row, after a count kernel for a mask (an index map's rows
-    kernel counts for itself).  Returns the rows and the device int64 per-expert counts (an
-    index map's followed by the indices' min and max; None without slots), not read yet.
-    ``num_out_tokens`` None: every routed slot kept (no row reaches the routing's size)."""
+    kernel counts for itself).  Returns the rows, the device int64 per-expert counts (an
+    index map's followed by the indices' min and max; None without slots), not read yet,
+    and their copy to the host, started as soon as they are final (a mask's before its rows
+    kernel).  ``num_out_tokens`` None: every routed slot kept (no row reaches the routing's
+    size)."""
     n, slots = routing.shape
     rows = torch.empty((n, slots), dtype=torch.int32, device=routing.device)
     if not routing.numel():
-        return rows, None
+        return rows, None, None
     r = (routing.view(torch.uint8) if routing.dtype == torch.bool else routing).contiguous()
     column = map_type == MapType.MASK
     total = n if column else n * slots
@@ -256,10 +267,11 @@ def _launch_row_map(routing, map_type, num_experts: int,
     if column:
         _count_kernel[(num_experts,)](r, counts, total, slots, COLUMN=True, BLOCK=_MAP_BLOCK,
                                       num_warps=_MAP_WARPS)
+        copy = _host_copy(counts)
     _rows_kernel[(num_experts,)](r, counts, rows, total, slots, num_experts, keep,
                                  COLUMN=column, BLOCK=_MAP_BLOCK, BLOCK_E=_pow2(num_experts),
                                  num_warps=_MAP_WARPS)
-    return rows, counts
+    return rows, counts, copy if column else _host_copy(counts)
 
 
 def _blocks(h: int) -> tuple[int, int]:
@@ -316,23 +328,25 @@ def _gather(x: torch.Tensor | None, src, fill: float = 0.0):
     return out
 
 
-def _kept(counts: torch.Tensor | None, map_type, num_experts: int, num_out_tokens):
-    """(kept per expert, num_out_tokens): the counts left on the device (PendingCounts) where
+def _kept(counts: torch.Tensor | None, copy: HostCopy | None, map_type, num_experts: int,
+          num_out_tokens):
+    """(kept per expert, num_out_tokens): the counts left pending (PendingCounts) where
     num_out_tokens is given; read here where it is not (a checked mask's default: the count
     sizes the output, the call's one read-back)."""
     if counts is None:
         return (0,) * num_experts, num_out_tokens or 0
     if num_out_tokens is None:
-        kept = tuple(counts.tolist()[:num_experts])
+        kept = tuple((counts if copy is None else copy).tolist()[:num_experts])
         return kept, sum(kept)
-    return PendingCounts(counts, num_out_tokens, map_type == MapType.INDEX), num_out_tokens
+    return PendingCounts(counts, num_out_tokens, map_type == MapType.INDEX, copy), \
+        num_out_tokens
 
 
 @BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 @takes_unchecked_routing
 def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
-    rows, counts = _launch_row_map(routing, map_type, num_experts, num_out_tokens)
-    kept, num_out_tokens = _kept(counts, map_type, num_experts, num_out_tokens)
+    rows, counts, copy = _launch_row_map(routing, map_type, num_experts, num_out_tokens)
+    kept, num_out_tokens = _kept(counts, copy, map_type, num_experts, num_out_tokens)
     out = _scatter(x, rows, num_out_tokens)
     # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
     probs_out = None if probs is None else \
