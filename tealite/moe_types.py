@@ -265,8 +265,10 @@ def takes_unchecked_routing(fn):
     above the routed count leaves rows unwritten (the front end raises either way before the
     result is returned), ``num_out_tokens=None`` for a mask means every routed slot (the
     backend reads the count where it must size the output), and the index map's
-    :class:`PendingCounts` carry the indices' bounds.  The front end then checks from that
-    one read after the backend's launches instead of syncing before them."""
+    :class:`PendingCounts` carry the indices' bounds; it takes ``prefetch_counts=True``
+    (start the counts' :class:`HostCopy`: they are read right after the call).  The front
+    end then checks from that one read after the backend's launches instead of syncing
+    before them."""
     fn.takes_unchecked_routing = True
     return fn
 

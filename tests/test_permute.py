@@ -466,6 +466,27 @@ def test_host_copy_waits_for_its_copy_before_reading():
     assert cpu.host is host and cpu.done is None and cpu.tolist() == [3, 1]
 
 
+@pytest.mark.parametrize("map_type", ["mask", "index"])
+@pytest.mark.parametrize("check_values", [True, False])
+def test_triton_copies_the_counts_only_where_the_call_reads_them(monkeypatch, map_type,
+                                                                  check_values):
+    """The counts' host copy (a device copy between the map kernels and the scatters on CUDA)
+    is started for the checked call, which reads them right after, and not for the unchecked
+    one (TE's convention: nobody may read them, and its rows were at the target)."""
+    _triton_or_skip()
+    import tealite.backends.triton.permute as module
+    started = []
+    monkeypatch.setattr(module, "_host_copy",
+                        lambda t, f=module._host_copy: started.append(t) or f(t))
+    idx = torch.tensor([[0, 2], [1, 2], [2, 0]])
+    routing = idx if map_type == "index" else \
+        torch.zeros((3, 3), dtype=torch.bool).scatter_(1, idx, True)
+    p = tealite.moe_permute(torch.ones(3, 4), routing, map_type=map_type, num_experts=3,
+                            num_out_tokens=6, check_values=check_values, backend="triton")
+    assert len(started) == (1 if check_values else 0)
+    assert p.row_id_map.tokens_per_expert == (2, 1, 3)
+
+
 INDEX_BAD = [
     (torch.tensor([[0, 1], [1, 3]]), r"got values in \[0, 3\]"),
     (torch.tensor([[0, -1], [1, 2]], dtype=torch.int32), r"got values in \[-1, 2\]"),

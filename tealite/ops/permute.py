@@ -292,9 +292,11 @@ def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None =
     after = check_values and getattr(impl.fn, "takes_unchecked_routing", False)
     if check_values and not after:
         num_out_tokens = _check_before(routing, mt, num_out_tokens, experts)
+    # a backend checked after takes the hint that its counts are read right after the call
+    hint = dict(prefetch_counts=True) if after else {}
     out, row_map, probs_out, scale_out = impl.fn(
         rows.data, routing, map_type=mt, num_experts=experts, num_out_tokens=num_out_tokens,
-        probs=probs, scale_inv=rows.scale_inv)
+        probs=probs, scale_inv=rows.scale_inv, **hint)
     if after:
         _check_after(row_map, routing, given)
     return Permuted(_rebuild(rows, out, scale_out), row_map, probs_out)

@@ -32,10 +32,11 @@ tensor.  The per-expert counts (an index map's followed by the indices' min and 
 front end's range check) go into the map as ``PendingCounts``, read once by the front end's
 value check after every launch, or when ``tokens_per_expert`` (the grouped GEMM's m_splits)
 is first asked for; the backend reads them itself only for a mask without
-``num_out_tokens``, whose count sizes the output.  Their copy to the host starts right after
-the kernel that computes them (``HostCopy``: pinned memory and an event on CUDA), so the
-read waits for the map kernels only, while the scatters queued after them keep the device
-busy (op-level host cost: docs/benchmarks.md).
+``num_out_tokens``, whose count sizes the output.  Where they are read within the call
+(``prefetch_counts``, and that mask) their copy to the host starts right after the kernel
+that computes them (``HostCopy``: pinned memory and an event on CUDA), so the read waits
+for the map kernels only, while the scatters queued after them keep the device busy
+(op-level host cost: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -246,14 +247,15 @@ def _host_copy(counts: torch.Tensor) -> HostCopy | None:
     return None if capturing(counts) else HostCopy.start(counts)
 
 
-def _launch_row_map(routing, map_type, num_experts: int, num_out_tokens: int | None):
+def _launch_row_map(routing, map_type, num_experts: int, num_out_tokens: int | None,
+                    prefetch: bool):
     """Launch the row-id map (moe_types' order) over the caller's routing as it is (no
     conversion ops): every slot's row, after a count kernel for a mask (an index map's rows
     kernel counts for itself).  Returns the rows, the device int64 per-expert counts (an
     index map's followed by the indices' min and max; None without slots), not read yet,
-    and their copy to the host, started as soon as they are final (a mask's before its rows
-    kernel).  ``num_out_tokens`` None: every routed slot kept (no row reaches the routing's
-    size)."""
+    and, with ``prefetch``, their copy to the host, started as soon as they are final (a
+    mask's before its rows kernel; else None).  ``num_out_tokens`` None: every routed slot
+    kept (no row reaches the routing's size)."""
     n, slots = routing.shape
     rows = torch.empty((n, slots), dtype=torch.int32, device=routing.device)
     if not routing.numel():
@@ -267,11 +269,15 @@ def _launch_row_map(routing, map_type, num_experts: int, num_out_tokens: int | N
     if column:
         _count_kernel[(num_experts,)](r, counts, total, slots, COLUMN=True, BLOCK=_MAP_BLOCK,
                                       num_warps=_MAP_WARPS)
-        copy = _host_copy(counts)
+        copy = _host_copy(counts) if prefetch else None
+    else:
+        copy = None
     _rows_kernel[(num_experts,)](r, counts, rows, total, slots, num_experts, keep,
                                  COLUMN=column, BLOCK=_MAP_BLOCK, BLOCK_E=_pow2(num_experts),
                                  num_warps=_MAP_WARPS)
-    return rows, counts, copy if column else _host_copy(counts)
+    if not column and prefetch:
+        copy = _host_copy(counts)
+    return rows, counts, copy
 
 
 def _blocks(h: int) -> tuple[int, int]:
@@ -344,8 +350,13 @@ def _kept(counts: torch.Tensor | None, copy: HostCopy | None, map_type, num_expe
 
 @BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 @takes_unchecked_routing
-def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
-    rows, counts, copy = _launch_row_map(routing, map_type, num_experts, num_out_tokens)
+def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv,
+                prefetch_counts=False):
+    # the counts' host copy costs a device copy between the map and the scatters: only
+    # where they are read right away (the front end's check, or here: a mask's output size)
+    prefetch = prefetch_counts or num_out_tokens is None
+    rows, counts, copy = _launch_row_map(routing, map_type, num_experts, num_out_tokens,
+                                         prefetch)
     kept, num_out_tokens = _kept(counts, copy, map_type, num_experts, num_out_tokens)
     out = _scatter(x, rows, num_out_tokens)
     # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
