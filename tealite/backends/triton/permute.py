@@ -205,14 +205,14 @@ def _rows_kernel(routing_ptr, count_ptr, rows_ptr, TOTAL, SLOTS, E, num_out,
     else:
         below = tl.zeros((BLOCK,), tl.int32)
         # the bounds' neutral element: a real index (slot 0), so no dtype sentinel is needed
-        first = tl.load(routing_ptr)
-        lo = tl.zeros((BLOCK,), routing_ptr.dtype.element_ty) + first
+        slot0 = tl.load(routing_ptr)
+        lo = tl.zeros((BLOCK,), routing_ptr.dtype.element_ty) + slot0
         hi = lo
         for b in range(0, TOTAL, BLOCK):
             _, ok, v, _ = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
             below += (ok & (v >= 0) & (v < e)).to(tl.int32)
-            lo = tl.minimum(lo, tl.where(ok, v, first))
-            hi = tl.maximum(hi, tl.where(ok, v, first))
+            lo = tl.minimum(lo, tl.where(ok, v, slot0))
+            hi = tl.maximum(hi, tl.where(ok, v, slot0))
         carry = tl.sum(below, axis=0)
         if e == 0:
             tl.store(count_ptr + E, tl.min(lo, axis=0))
