@@ -515,6 +515,17 @@ def test_out_of_range_indices_raise_with_their_bounds(monkeypatch, backend, bloc
         ref.row_id_map(idx.clamp(0, 2).numpy(), "index", 3, 4).tolist()
 
 
+def test_a_checked_after_map_without_bounds_is_still_checked(monkeypatch):
+    """A backend checked after its launches whose index map carries no bounds (its counts
+    already read) still gets the range check: the front end's own read."""
+    _triton_or_skip()
+    import tealite.backends.triton.permute as module
+    monkeypatch.setattr(module, "_kept", lambda counts, copy, map_type, e, n: ((0,) * e, n))
+    with pytest.raises(TealiteArgumentError, match=r"got values in \[0, 3\]"):
+        tealite.moe_permute(torch.ones(2, 4), torch.tensor([[0, 1], [1, 3]]), map_type="index",
+                            num_experts=3, backend="triton")
+
+
 @pytest.mark.parametrize("backend", _backends())
 def test_num_out_above_a_masks_routed_count_raises(backend):
     """A mask's num_out_tokens above its routed slots raises with both numbers (triton:

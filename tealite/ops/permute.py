@@ -254,6 +254,8 @@ def _check_after(row_map: RowIdMap, routing, num_out_tokens) -> None:
         return
     bounds = row_map.settle()
     if row_map.map_type == MapType.INDEX:
+        if bounds is None:  # a map that carried none: the check of its own (no slots: none)
+            bounds = _index_bounds(routing, MapType.INDEX)
         _check_index_bounds(bounds, row_map.num_experts)
     elif num_out_tokens is not None:
         _check_num_out(num_out_tokens, sum(row_map.tokens_per_expert))
