@@ -12,7 +12,7 @@ launch a kernel (torch.profiler, CPU), its Triton launches, and its host read-ba
 counted from the Python side, so they include the ones that are syncs only on a GPU.  CPU
 numbers: the host here is not the GPU machine's, and torch ops that compute (a mask's sum)
 run for real on the CPU; compare before / after on one machine.  Standalone: not collected by
-pytest (tests/test_permute.py uses :func:`counting`).
+pytest (tests/test_permute_checks.py uses :func:`counting`).
 """
 from __future__ import annotations
 
