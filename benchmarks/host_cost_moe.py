@@ -12,7 +12,7 @@ launch a kernel (torch.profiler, CPU), its Triton launches, and its host read-ba
 counted from the Python side, so they include the ones that are syncs only on a GPU.  CPU
 numbers: the host here is not the GPU machine's, and torch ops that compute (a mask's sum)
 run for real on the CPU; compare before / after on one machine.  Standalone: not collected by
-pytest (tests/test_permute.py uses :func:`counting`).
+pytest (tests/test_permute_checks.py uses :func:`counting`).
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ import torch
 
 # Reading a tensor's value on the host: a device sync on a GPU.
 READS = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__", "cpu", "numpy")
+# The profiler scope of a stubbed kernel's stand-in (its torch ops are not the call's).
+FAKE = "host_cost_moe.fake_kernel"
 # Top-level aten ops that launch no kernel (allocation, views, metadata).
 NO_KERNEL = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::view",
              "aten::reshape", "aten::expand", "aten::resolve_conj", "aten::resolve_neg",
@@ -42,26 +44,37 @@ class Counts:
 
     reads: collections.Counter = field(default_factory=collections.Counter)
     launches: collections.Counter = field(default_factory=collections.Counter)
+    # reads ("read") and launches (the kernel's name) in call order: where a sync sits
+    order: list = field(default_factory=list)
 
 
 class _Launcher:
     """A kernel's ``kernel[grid]``: counts the launch, and runs it unless stubbed."""
 
-    def __init__(self, name: str, kernel, counts: Counts, stub: bool):
+    def __init__(self, name: str, kernel, counts: Counts, stub: bool, fake=None):
         self.name, self.kernel, self.counts, self.stub = name, kernel, counts, stub
+        self.fake = fake
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.counts.launches[self.name] += 1
+            self.counts.order.append(self.name)
             if not self.stub:
                 return self.kernel[grid](*args, **kwargs)
+            if self.fake is not None:
+                # named for the profiler only: a record_function costs microseconds a call
+                with torch.autograd.profiler.record_function(FAKE) if \
+                        torch.autograd.profiler._is_profiler_enabled else \
+                        contextlib.nullcontext():
+                    self.fake(*args, **kwargs)
         return launch
 
 
 @contextlib.contextmanager
-def counting(modules=(), *, stub: bool = False):
+def counting(modules=(), *, stub: bool = False, fakes=None):
     """Count host read-backs, and the launches of the ``*_kernel`` functions of ``modules``
-    (stubbed to no-ops with ``stub``), while inside; yields the :class:`Counts`."""
+    (stubbed to no-ops with ``stub``, or to ``fakes[name]`` where the call reads a kernel's
+    output back), while inside; yields the :class:`Counts`."""
     counts = Counts()
     with contextlib.ExitStack() as undo:
         for name in READS:
@@ -69,13 +82,15 @@ def counting(modules=(), *, stub: bool = False):
 
             def read(self, *args, _original=original, _name=name, **kwargs):
                 counts.reads[_name] += 1
+                counts.order.append("read")
                 return _original(self, *args, **kwargs)
             setattr(torch.Tensor, name, read)
             undo.callback(setattr, torch.Tensor, name, original)
         for module in modules:
             for name in [n for n in vars(module) if n.endswith("_kernel")]:
                 kernel = getattr(module, name)
-                setattr(module, name, _Launcher(name, kernel, counts, stub))
+                setattr(module, name, _Launcher(name, kernel, counts, stub,
+                                                (fakes or {}).get(name)))
                 undo.callback(setattr, module, name, kernel)
         yield counts
 
@@ -88,7 +103,8 @@ def torch_kernel_ops(fn) -> collections.Counter:
     return collections.Counter(
         e.name for e in prof.events() if e.name.startswith("aten::")
         and e.name not in NO_KERNEL
-        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+        and (e.cpu_parent is None or not (e.cpu_parent.name.startswith("aten::")
+                                          or e.cpu_parent.name == FAKE)))
 
 
 def host_us(fn, reps: int, batches: int) -> tuple[float, float]:
@@ -105,6 +121,23 @@ def host_us(fn, reps: int, batches: int) -> tuple[float, float]:
     return statistics.median(per_call), min(per_call)
 
 
+# benchmarks/test_bench_permute.py's routing: tokens, experts, top-k
+PERMUTE_ROUTING = (16384, 8, 2)
+
+
+def _permute_counts(routing, counts, *args, **kwargs):
+    """A stubbed map kernel's counts as the bench's routing has them (an even split; an index
+    map's bounds (0, 0)): the checked call reads them back (its range check, a mask's output
+    size), so they may not be left uninitialized."""
+    tokens, experts, topk = PERMUTE_ROUTING
+    counts[:experts].fill_(tokens * topk // experts)
+    counts[experts:].zero_()
+
+
+# A stub's stand-in for kernels whose output the host reads within the call.
+FAKES = {"permute": {"_count_kernel": _permute_counts, "_rows_kernel": _permute_counts}}
+
+
 def permute_cases():
     """benchmarks/test_bench_permute.py's routing (16384 tokens, top-2 of 8) with hidden 64:
     the host cost does not depend on the hidden size on a GPU, while a CPU allocation of
@@ -112,7 +145,7 @@ def permute_cases():
     import tealite
     import tealite.backends.triton.permute as module
     g = torch.Generator().manual_seed(6)
-    tokens, experts, topk = 16384, 8, 2
+    tokens, experts, topk = PERMUTE_ROUTING
     x = torch.randn((tokens, 64), generator=g).to(torch.bfloat16)
     idx = torch.rand((tokens, experts), generator=g).argsort(dim=1)[:, :topk]
     mask = torch.zeros((tokens, experts), dtype=torch.bool).scatter_(1, idx, True)
@@ -120,6 +153,18 @@ def permute_cases():
         yield f"moe_permute {map_type}", module, \
             lambda r=routing, m=map_type: tealite.moe_permute(
                 x, r, map_type=m, num_experts=experts, backend="triton")
+    for map_type, routing in (("index", idx.to(torch.int32)), ("mask", mask)):
+        # checked, num_out_tokens given: a mask's count need not size the output
+        yield f"moe_permute {map_type} num_out", module, \
+            lambda r=routing, m=map_type: tealite.moe_permute(
+                x, r, map_type=m, num_experts=experts, num_out_tokens=tokens * topk,
+                backend="triton")
+    for map_type, routing in (("index", idx.to(torch.int32)), ("mask", mask)):
+        # what an MoE layer does: the checked call, then the grouped GEMM's m_splits
+        yield f"moe_permute {map_type} + tokens_per_expert", module, \
+            lambda r=routing, m=map_type: tealite.moe_permute(
+                x, r, map_type=m, num_experts=experts, backend="triton"
+            ).row_id_map.tokens_per_expert
     for map_type, routing in (("index", idx.to(torch.int32)), ("mask", mask)):
         # TE's convention (check_values=False, num_out_tokens given): no read-back at all
         yield f"moe_permute {map_type} unchecked", module, \
@@ -161,7 +206,7 @@ def main(argv=None) -> int:
           "host reads |\n|---|---|---|---|---|")
     for op in args.op:
         for name, module, fn in CASES[op]():
-            with counting([module], stub=True) as counts:
+            with counting([module], stub=True, fakes=FAKES.get(op)) as counts:
                 fn()  # first-call work (cached host tables) is not per-call cost
                 ops = torch_kernel_ops(fn)
                 counts.reads.clear(), counts.launches.clear()

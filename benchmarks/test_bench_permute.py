@@ -72,6 +72,25 @@ def test_permute_unchecked(bench, permute_inputs, copy_reference, map_type):
               reference=copy_reference, target_pct=PERMUTE)
 
 
+@pytest.mark.parametrize("map_type", ["index", "mask"])
+def test_permute_num_out(bench, permute_inputs, copy_reference, map_type):
+    """The checked call with num_out_tokens given: triton's one read-back (the checks) comes
+    after every launch, for a mask too (without num_out_tokens a mask's count must be read
+    before its rows move: the count sizes the output; the test_permute row)."""
+    x, experts = permute_inputs[0], permute_inputs[4]
+    routing, _ = _routing(permute_inputs, map_type)
+    num_out = int((routing != 0).sum()) if map_type == "mask" else routing.numel()
+
+    def fn():
+        return tealite.moe_permute(x, routing, map_type=map_type, num_experts=experts,
+                                   num_out_tokens=num_out, backend="triton")
+    out = fn()
+    bench.run(fn, group="permute", kernel=f"moe_permute {map_type} num_out",
+              backend="triton", shape=tuple(x.shape), dtype=x.dtype,
+              nbytes=C.permute_bytes(x, routing, out.out, out.row_id_map.rows),
+              reference=copy_reference, target_pct=PERMUTE)
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "plain"])
 def test_unpermute(bench, permute_inputs, copy_reference, with_probs, backend):

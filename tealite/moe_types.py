@@ -206,18 +206,71 @@ def kept_per_expert(counts: Sequence[int], num_out_tokens: int) -> tuple[int, ..
 
 
 @dataclass(frozen=True)
+class HostCopy:
+    """A device tensor's copy to the host, started now: on CUDA into pinned memory with an
+    event after it, so that reading it waits only for the work queued before the copy, not
+    for the kernels launched after it (a permute's scatters keep the device busy while the
+    host waits on its map kernel's counts).  Elsewhere the tensor itself (a CPU tensor is
+    host memory; the interpreter's kernels have run)."""
+
+    host: torch.Tensor
+    done: object | None  # torch.cuda.Event, or None where nothing is in flight
+
+    @staticmethod
+    def start(t: torch.Tensor) -> HostCopy:
+        if not t.is_cuda:
+            return HostCopy(t, None)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)  # on t's device's current stream, as its kernels
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(t.device))
+        return HostCopy(host, done)
+
+    def tolist(self) -> list:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()
+
+
+@dataclass(frozen=True)
 class PendingCounts:
     """A row-id map's kept rows per expert not read back yet: the routed slots per expert
     (an int tensor (E,) on the map's device, which a backend's kernels computed) and
     ``num_out_tokens``.  Reading them is a device sync, so a backend hands this to
     :class:`RowIdMap` and the read happens when ``tokens_per_expert`` is first asked for
-    (never, for a caller that only moves rows)."""
+    (never, for a caller that only moves rows).  ``index_bounds``: ``routed`` holds two more
+    values, the indices' min and max, so that the front end's range check and the counts
+    are one read (:meth:`RowIdMap.settle`).  ``copy``: their copy to the host, started by the
+    backend right after the kernel that computed them (None: read ``routed`` itself)."""
 
     routed: torch.Tensor
     num_out_tokens: int
+    index_bounds: bool = False
+    copy: HostCopy | None = None
+
+    def read_all(self) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+        """(kept per expert, the indices' (min, max) or None), in one read-back."""
+        values = (self.routed if self.copy is None else self.copy).tolist()
+        e = len(values) - 2 if self.index_bounds else len(values)
+        bounds = (values[e], values[e + 1]) if self.index_bounds else None
+        return kept_per_expert(values[:e], self.num_out_tokens), bounds
 
     def read(self) -> tuple[int, ...]:
-        return kept_per_expert(self.routed.tolist(), self.num_out_tokens)
+        return self.read_all()[0]
+
+
+def takes_unchecked_routing(fn):
+    """Marks a backend's ``moe_permute`` that the front end may call before checking the
+    routing's values: out-of-range indices get no row and move nothing, a ``num_out_tokens``
+    above the routed count leaves rows unwritten (the front end raises either way before the
+    result is returned), ``num_out_tokens=None`` for a mask means every routed slot (the
+    backend reads the count where it must size the output), and the index map's
+    :class:`PendingCounts` carry the indices' bounds; it takes ``prefetch_counts=True``
+    (start the counts' :class:`HostCopy`: they are read right after the call).  The front
+    end then checks from that one read after the backend's launches instead of syncing
+    before them."""
+    fn.takes_unchecked_routing = True
+    return fn
 
 
 @dataclass(frozen=True, init=False)
@@ -250,9 +303,17 @@ class RowIdMap:
 
     @property
     def tokens_per_expert(self) -> tuple[int, ...]:
-        if isinstance(self.kept, PendingCounts):
-            object.__setattr__(self, "kept", self.kept.read())  # read once, then kept
+        self.settle()
         return self.kept
+
+    def settle(self) -> tuple[int, int] | None:
+        """Read pending counts now (one read-back, then kept) and return the index bounds
+        they carried; None when they carried none or were read before."""
+        if not isinstance(self.kept, PendingCounts):
+            return None
+        kept, bounds = self.kept.read_all()
+        object.__setattr__(self, "kept", kept)
+        return bounds
 
     @property
     def num_tokens(self) -> int:

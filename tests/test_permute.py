@@ -16,7 +16,6 @@ import tealite
 import tealite.recipes as R
 from tealite import TealiteArgumentError, registry
 from tealite.backends.torch import permute as T
-from tealite.moe_types import MapType
 from tealite.types import QuantizedTensor
 from tealite_verify.references import permute as ref
 from tealite_verify.runner import run_case
@@ -368,87 +367,3 @@ def test_row_map_over_several_scan_blocks(monkeypatch, backend, map_type, n, e, 
     assert p.row_id_map.rows.tolist() == rows.tolist()
     assert list(p.row_id_map.tokens_per_expert) == \
         ref.tokens_per_expert(routing.numpy(), map_type, e, rows).tolist()
-
-
-# ---- host cost of the triton path (issue 16's op-level target) -----------------------------
-
-def _triton_or_skip():
-    why = registry.get_backend("triton").unavailable_reason()
-    if why is not None:
-        pytest.skip(str(why))
-
-
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.int64])
-def test_triton_row_map_reads_every_mask_dtype_as_given(dtype):
-    """The map kernels read the caller's mask without a conversion op: a bool mask as bytes,
-    int masks in their own dtype, any nonzero value routed (2, -1)."""
-    _triton_or_skip()
-    routing = TE_MASK.to(dtype)
-    if dtype != torch.bool:
-        routing = routing * torch.tensor([2, -1, 1], dtype=dtype)
-    p = tealite.moe_permute(torch.zeros(5, 1), routing, num_out_tokens=6, backend="triton")
-    want = ref.row_id_map(TE_MASK.numpy(), "mask", 3, 6)
-    assert p.row_id_map.rows.tolist() == want.tolist()
-    assert p.row_id_map.tokens_per_expert == (3, 2, 1)
-
-
-def test_triton_row_map_marks_slots_no_expert_owns():
-    """An index out of range (reachable only where the front end's value check is skipped:
-    a CUDA-graph capture) gets row -1 and moves nothing, instead of an unwritten row."""
-    _triton_or_skip()
-    impl = registry.get_backend("triton").impls["moe_permute"]
-    idx = torch.tensor([[0], [5], [1], [-3]], dtype=torch.int32)
-    x = torch.arange(4.0).reshape(4, 1)
-    out, row_map, _, _ = impl.fn(x, idx, map_type=MapType.INDEX, num_experts=2,
-                                 num_out_tokens=2, probs=None, scale_inv=None)
-    assert row_map.rows.tolist() == [[0], [-1], [1], [-1]]
-    assert out.tolist() == [[0.0], [2.0]] and row_map.tokens_per_expert == (1, 1)
-
-
-@pytest.mark.parametrize("map_type", ["mask", "index"])
-def test_triton_permute_reads_the_device_once(map_type):
-    """One host read-back per permute call (the front end's value check: the indices'
-    bounds in one read, a mask's routed count); the kept tokens per expert are read when first
-    asked for, once.  Two launches for an index map's rows plus a moved tensor, one more for
-    a mask's counts.  Each read is a device sync, which at op level cost more than the
-    kernels (docs/benchmarks.md); fails if a check or the counts add one (index maps read
-    three times a call before: min and max apart, then the counts)."""
-    _triton_or_skip()
-    from benchmarks.host_cost_moe import counting
-    import tealite.backends.triton.permute as module
-    idx = torch.tensor([[0, 2], [1, 2], [2, 0]])
-    routing = idx if map_type == "index" else \
-        torch.zeros((3, 3), dtype=torch.bool).scatter_(1, idx, True)
-    with counting([module]) as counts:
-        p = tealite.moe_permute(torch.ones(3, 4), routing, map_type=map_type, num_experts=3,
-                                probs=torch.rand(routing.shape), backend="triton")
-        at_call = sum(counts.reads.values())
-        assert p.row_id_map.tokens_per_expert == (2, 1, 3)
-        assert p.row_id_map.tokens_per_expert == (2, 1, 3)
-    assert at_call == 1 and sum(counts.reads.values()) == 2, counts.reads
-    maps = {"_rows_kernel": 1} if map_type == "index" else {"_count_kernel": 1, "_rows_kernel": 1}
-    assert counts.launches == dict(maps, _scatter_rows_kernel=2)  # x and the probs
-    assert torch.Tensor.tolist.__name__ == "tolist"  # restored on exit
-
-
-@pytest.mark.parametrize("backend", _backends())
-@pytest.mark.parametrize("map_type", ["mask", "index"])
-def test_unchecked_permute_reads_nothing_back(backend, map_type):
-    """check_values=False (the caller vouches for the routing, as TE assumes) gives the same
-    rows and map as the checked call; on triton the call reads nothing back until
-    tokens_per_expert is asked for (the checked call reads once)."""
-    from benchmarks.host_cost_moe import counting
-    idx = torch.tensor([[0, 2], [1, 2], [2, 0], [1, 0]])
-    routing = idx if map_type == "index" else \
-        torch.zeros((4, 3), dtype=torch.bool).scatter_(1, idx, True)
-    x = torch.arange(8.0).reshape(4, 2)
-    kw = dict(map_type=map_type, num_experts=3, num_out_tokens=7, backend=backend)
-    checked = tealite.moe_permute(x, routing, **kw)
-    with counting() as counts:
-        unchecked = tealite.moe_permute(x, routing, check_values=False, **kw)
-        at_call = sum(counts.reads.values())
-    if backend == "triton":
-        assert at_call == 0, counts.reads
-    assert torch.equal(unchecked.out, checked.out)
-    assert torch.equal(unchecked.row_id_map.rows, checked.row_id_map.rows)
-    assert unchecked.row_id_map.tokens_per_expert == checked.row_id_map.tokens_per_expert

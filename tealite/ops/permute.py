@@ -194,39 +194,71 @@ def _check_routing(routing, map_type: MapType, num_tokens: int, num_experts) -> 
 
 
 def _index_bounds(routing, map_type: MapType) -> torch.Tensor | None:
-    """The indices' (min, max), launched but not read yet: the host dispatches while the
-    device reduces, and :func:`_check_index_bounds` reads both in one sync (None: nothing to
-    check -- a mask, no slots, or a CUDA-graph capture, where a read-back is illegal)."""
+    """The indices' (min, max), launched but not read yet (None: nothing to check -- a mask,
+    no slots, or a CUDA-graph capture, where a read-back is illegal)."""
     if map_type == MapType.MASK or not routing.numel() or capturing(routing):
         return None
     return torch.stack(torch.aminmax(routing))
 
 
-def _check_index_bounds(bounds: torch.Tensor | None, num_experts: int) -> None:
-    """Before any backend reads the indices (an out-of-range expert id would index past a
-    backend's per-expert tables)."""
+def _check_index_bounds(bounds, num_experts: int) -> None:
+    """The indices' (min, max), a device pair or host ints, must lie in [0, num_experts)."""
     if bounds is None:
         return
-    lo, hi = bounds.tolist()
+    lo, hi = bounds.tolist() if isinstance(bounds, torch.Tensor) else bounds
     require(0 <= lo and hi < num_experts,
             f"indices must lie in [0, num_experts = {num_experts}), got values in [{lo}, {hi}]")
 
 
-def _out_tokens(routing, map_type: MapType, num_out_tokens, check_values: bool):
-    """(num_out_tokens, routed): the default is every routed slot.  A mask's routed count is
-    a read-back, skipped with ``check_values=False`` (routed None: num_out_tokens is then the
-    caller's, unchecked)."""
-    if not check_values and map_type == MapType.MASK:
-        require(num_out_tokens is not None,
-                "num_out_tokens is required with check_values=False for a routing mask "
-                "(counting its routed slots reads the mask back, a device sync)")
-        return _int("num_out_tokens", num_out_tokens, 0), None
-    routed = _routed_count(routing, map_type)
-    num_out_tokens = routed if num_out_tokens is None else num_out_tokens
-    _int("num_out_tokens", num_out_tokens, 0)
+def _check_num_out(num_out_tokens: int, routed: int) -> None:
     require(num_out_tokens <= routed,
             f"num_out_tokens ({num_out_tokens}) must be <= the routed slots ({routed})")
-    return num_out_tokens, routed
+
+
+def _out_tokens(routing, map_type: MapType, num_out_tokens, check_values: bool):
+    """(num_out_tokens, routed) known without a read-back: an index map's routed slots are
+    all of them; a mask's are a read-back (routed None), and so is its default num_out_tokens
+    (None) unless the caller gives it (required with ``check_values=False``)."""
+    if num_out_tokens is not None:
+        _int("num_out_tokens", num_out_tokens, 0)
+    if map_type == MapType.INDEX:
+        routed = routing.numel()
+        num_out_tokens = routed if num_out_tokens is None else num_out_tokens
+        _check_num_out(num_out_tokens, routed)
+        return num_out_tokens, routed
+    require(check_values or num_out_tokens is not None,
+            "num_out_tokens is required with check_values=False for a routing mask "
+            "(counting its routed slots reads the mask back, a device sync)")
+    return num_out_tokens, None
+
+
+def _check_before(routing, map_type: MapType, num_out_tokens, num_experts: int) -> int:
+    """The value checks for a backend that needs them before it runs: the indices' range,
+    a mask's routed count (num_out_tokens' default; one read-back each).  Returns
+    num_out_tokens."""
+    if map_type == MapType.INDEX:
+        _check_index_bounds(_index_bounds(routing, map_type), num_experts)
+        return num_out_tokens
+    routed = _routed_count(routing, map_type)
+    num_out_tokens = routed if num_out_tokens is None else num_out_tokens
+    _check_num_out(num_out_tokens, routed)
+    return num_out_tokens
+
+
+def _check_after(row_map: RowIdMap, routing, num_out_tokens) -> None:
+    """The value checks from the counts a ``takes_unchecked_routing`` backend left in its map,
+    read once after its launches: the indices' bounds; a given num_out_tokens against the
+    mask's routed count (the kept rows fall short of it exactly when it exceeds them).
+    Nothing is read while capturing a CUDA graph (the eager call before has checked)."""
+    if capturing(routing):
+        return
+    bounds = row_map.settle()
+    if row_map.map_type == MapType.INDEX:
+        if bounds is None:  # a map that carried none: the check of its own (no slots: none)
+            bounds = _index_bounds(routing, MapType.INDEX)
+        _check_index_bounds(bounds, row_map.num_experts)
+    elif num_out_tokens is not None:
+        _check_num_out(num_out_tokens, sum(row_map.tokens_per_expert))
 
 
 def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None = None,
@@ -237,11 +269,13 @@ def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None =
     slot) keeps only that many rows; ``probs`` (shaped like the slots) are permuted along.
 
     ``check_values=False`` skips the checks that read the routing's values back to the host
-    (each a device sync): indices in [0, num_experts) and, for a mask, num_out_tokens <= its
+    (a device sync): indices in [0, num_experts) and, for a mask, num_out_tokens <= its
     routed slots (num_out_tokens is then required).  The caller vouches for both, as TE's
     ``moe_permute`` assumes; with the map's ``tokens_per_expert`` left unread the call then
     need not sync at all (triton).  Out-of-range indices are undefined then (triton gives
-    them no row)."""
+    them no row).  With the checks, triton syncs once, after its launches (the counts and
+    the bounds in one read; ``tokens_per_expert`` is then known), or for a mask without
+    num_out_tokens once before its data moves (the count sizes the output)."""
     require(map_type in tuple(m.value for m in MapType),
             f"map_type must be one of {tuple(m.value for m in MapType)}, got {map_type!r}")
     require(isinstance(check_values, bool), f"check_values must be a bool, got {check_values!r}")
@@ -249,18 +283,24 @@ def moe_permute(x, routing, *, map_type: str = "mask", num_experts: int | None =
     rows = _rows_of("x", x)
     n = rows.data.shape[0]
     experts = _check_routing(routing, mt, n, num_experts)
-    bounds = _index_bounds(routing, mt) if check_values else None
     _check_probs("probs", probs, tuple(routing.shape))
+    given = num_out_tokens
     num_out_tokens, routed = _out_tokens(routing, mt, num_out_tokens, check_values)
     device = check_same_device(x=rows.data, routing=routing, probs=probs)
     params = dict(_base_params(rows, device), map_type=mt.value, num_tokens=n,
                   num_experts=experts, slots=routing.shape[1], num_out_tokens=num_out_tokens,
                   routed=routed, with_probs=probs is not None)
     impl = registry.dispatch(Op.MOE_PERMUTE, params, backend)
-    _check_index_bounds(bounds, experts)
+    after = check_values and getattr(impl.fn, "takes_unchecked_routing", False)
+    if check_values and not after:
+        num_out_tokens = _check_before(routing, mt, num_out_tokens, experts)
+    # a backend checked after takes the hint that its counts are read right after the call
+    hint = dict(prefetch_counts=True) if after else {}
     out, row_map, probs_out, scale_out = impl.fn(
         rows.data, routing, map_type=mt, num_experts=experts, num_out_tokens=num_out_tokens,
-        probs=probs, scale_inv=rows.scale_inv)
+        probs=probs, scale_inv=rows.scale_inv, **hint)
+    if after:
+        _check_after(row_map, routing, given)
     return Permuted(_rebuild(rows, out, scale_out), row_map, probs_out)
 
 

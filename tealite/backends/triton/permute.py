@@ -28,9 +28,15 @@ each slot's row from the rows of the experts before its own and a block cumsum o
 candidate slots, after ``_count_kernel`` for a mask (an index map's programs count the
 experts below their own themselves); independent of the torch backend's torch-op
 construction.  So a permute is two launches (index) or three (mask) plus one per moved
-tensor, and no read-back: the per-expert counts go into the map as ``PendingCounts``, read
-when ``tokens_per_expert`` (the grouped GEMM's m_splits) is first asked for (op-level host
-cost: docs/benchmarks.md).
+tensor.  The per-expert counts (an index map's followed by the indices' min and max, the
+front end's range check) go into the map as ``PendingCounts``, read once by the front end's
+value check after every launch, or when ``tokens_per_expert`` (the grouped GEMM's m_splits)
+is first asked for; the backend reads them itself only for a mask without
+``num_out_tokens``, whose count sizes the output.  Where they are read within the call
+(``prefetch_counts``, and that mask) their copy to the host starts right after the kernel
+that computes them (``HostCopy``: pinned memory and an event on CUDA), so the read waits
+for the map kernels only, while the scatters queued after them keep the device busy
+(op-level host cost: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -40,8 +46,9 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
-from tealite.moe_types import (MapType, PendingCounts, RowIdMap, chunk_source_rows,
-                               pad_source_rows, unpad_source_rows)
+from tealite._checks import capturing
+from tealite.moe_types import (HostCopy, MapType, PendingCounts, RowIdMap, chunk_source_rows,
+                               pad_source_rows, takes_unchecked_routing, unpad_source_rows)
 from tealite.types import Op
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -186,19 +193,30 @@ def _rows_kernel(routing_ptr, count_ptr, rows_ptr, TOTAL, SLOTS, E, num_out,
     A mask's program reads the rows before e off ``_count_kernel``'s counts (the exclusive
     sum) and writes its whole column (-1 where unrouted).  An index map needs no count
     kernel: program e first counts the slots of the experts below e (a pass over the indices,
-    which every program reads anyway) and stores its own count at the end.  Every valid index
-    slot is one expert's; program 0 also writes -1 into the slots no expert owns (out of
-    range: only reachable when the front end's value check was skipped)."""
+    which every program reads anyway) and stores its own count at the end; program 0 also
+    stores the indices' min and max after the E counts (the front end's range check, read
+    with the counts in one read-back).  Every valid index slot is one expert's; program 0
+    also writes -1 into the slots no expert owns (out of range: the front end raises after
+    this kernel, or its check was skipped)."""
     e = tl.program_id(0)
     if COLUMN:
         j = tl.arange(0, BLOCK_E)
         carry = tl.sum(tl.load(count_ptr + j, mask=j < e, other=0), axis=0)
     else:
         below = tl.zeros((BLOCK,), tl.int32)
+        # the bounds' neutral element: a real index (slot 0), so no dtype sentinel is needed
+        slot0 = tl.load(routing_ptr)
+        lo = tl.zeros((BLOCK,), routing_ptr.dtype.element_ty) + slot0
+        hi = lo
         for b in range(0, TOTAL, BLOCK):
             _, ok, v, _ = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
             below += (ok & (v >= 0) & (v < e)).to(tl.int32)
+            lo = tl.minimum(lo, tl.where(ok, v, slot0))
+            hi = tl.maximum(hi, tl.where(ok, v, slot0))
         carry = tl.sum(below, axis=0)
+        if e == 0:
+            tl.store(count_ptr + E, tl.min(lo, axis=0))
+            tl.store(count_ptr + E + 1, tl.max(hi, axis=0))
     first = carry
     for b in range(0, TOTAL, BLOCK):
         off, ok, v, hit = _candidates(routing_ptr, b, e, TOTAL, SLOTS, COLUMN, BLOCK)
@@ -223,27 +241,43 @@ _MAP_BLOCK = 4096
 _MAP_WARPS = 8
 
 
-def _launch_row_map(routing, map_type, num_experts: int,
-                    num_out_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _host_copy(counts: torch.Tensor) -> HostCopy | None:
+    """The counts' copy to the host, started after the kernel that computes them (none while
+    a CUDA graph is captured: nothing is read then)."""
+    return None if capturing(counts) else HostCopy.start(counts)
+
+
+def _launch_row_map(routing, map_type, num_experts: int, num_out_tokens: int | None,
+                    prefetch: bool):
     """Launch the row-id map (moe_types' order) over the caller's routing as it is (no
     conversion ops): every slot's row, after a count kernel for a mask (an index map's rows
-    kernel counts for itself).  Returns the rows and the device per-expert counts (None
-    without slots), not read yet."""
+    kernel counts for itself).  Returns the rows, the device int64 per-expert counts (an
+    index map's followed by the indices' min and max; None without slots), not read yet,
+    and, with ``prefetch``, their copy to the host, started as soon as they are final (a
+    mask's before its rows kernel; else None).  ``num_out_tokens`` None: every routed slot
+    kept (no row reaches the routing's size)."""
     n, slots = routing.shape
     rows = torch.empty((n, slots), dtype=torch.int32, device=routing.device)
     if not routing.numel():
-        return rows, None
+        return rows, None, None
     r = (routing.view(torch.uint8) if routing.dtype == torch.bool else routing).contiguous()
     column = map_type == MapType.MASK
     total = n if column else n * slots
-    counts = torch.empty(num_experts, dtype=torch.int32, device=routing.device)
+    counts = torch.empty(num_experts + (0 if column else 2), dtype=torch.int64,
+                         device=routing.device)
+    keep = routing.numel() if num_out_tokens is None else num_out_tokens
     if column:
         _count_kernel[(num_experts,)](r, counts, total, slots, COLUMN=True, BLOCK=_MAP_BLOCK,
                                       num_warps=_MAP_WARPS)
-    _rows_kernel[(num_experts,)](r, counts, rows, total, slots, num_experts, num_out_tokens,
+        copy = _host_copy(counts) if prefetch else None
+    else:
+        copy = None
+    _rows_kernel[(num_experts,)](r, counts, rows, total, slots, num_experts, keep,
                                  COLUMN=column, BLOCK=_MAP_BLOCK, BLOCK_E=_pow2(num_experts),
                                  num_warps=_MAP_WARPS)
-    return rows, counts
+    if not column and prefetch:
+        copy = _host_copy(counts)
+    return rows, counts, copy
 
 
 def _blocks(h: int) -> tuple[int, int]:
@@ -300,16 +334,35 @@ def _gather(x: torch.Tensor | None, src, fill: float = 0.0):
     return out
 
 
+def _kept(counts: torch.Tensor | None, copy: HostCopy | None, map_type, num_experts: int,
+          num_out_tokens):
+    """(kept per expert, num_out_tokens): the counts left pending (PendingCounts) where
+    num_out_tokens is given; read here where it is not (a checked mask's default: the count
+    sizes the output, the call's one read-back)."""
+    if counts is None:
+        return (0,) * num_experts, num_out_tokens or 0
+    if num_out_tokens is None:
+        kept = tuple((counts if copy is None else copy).tolist()[:num_experts])
+        return kept, sum(kept)
+    return PendingCounts(counts, num_out_tokens, map_type == MapType.INDEX, copy), \
+        num_out_tokens
+
+
 @BACKEND.implements(Op.MOE_PERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
-def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv):
-    rows, counts = _launch_row_map(routing, map_type, num_experts, num_out_tokens)
+@takes_unchecked_routing
+def moe_permute(x, routing, *, map_type, num_experts, num_out_tokens, probs, scale_inv,
+                prefetch_counts=False):
+    # the counts' host copy costs a device copy between the map and the scatters: only
+    # where they are read right away (the front end's check, or here: a mask's output size)
+    prefetch = prefetch_counts or num_out_tokens is None
+    rows, counts, copy = _launch_row_map(routing, map_type, num_experts, num_out_tokens,
+                                         prefetch)
+    kept, num_out_tokens = _kept(counts, copy, map_type, num_experts, num_out_tokens)
     out = _scatter(x, rows, num_out_tokens)
     # A token's probs are one (slots,) row; each kept slot's value goes to its own row.
     probs_out = None if probs is None else \
         _scatter(probs.reshape(-1, 1), rows.reshape(-1, 1), num_out_tokens).reshape(-1)
     scales_out = _scatter(scale_inv, rows, num_out_tokens)
-    # The kept tokens per expert stay on the device until asked for: no sync in the backend.
-    kept = (0,) * num_experts if counts is None else PendingCounts(counts, num_out_tokens)
     return out, RowIdMap(rows, map_type, num_experts, num_out_tokens, kept), probs_out, \
         scales_out
 
