@@ -47,7 +47,9 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite._checks import capturing
 from tealite.moe_types import RouterConfig, ScoreFunction, TieRule
+from tealite.router_checks import check_map_counts, counts_the_map
 from tealite.scoped import Scoped
 from tealite.types import Op
 
@@ -83,6 +85,22 @@ class RouterTiles:
 
 
 TILES: Scoped[RouterTiles] = Scoped("triton.router.TILES", RouterTiles)
+
+
+@dataclass(frozen=True)
+class RouterVariants:
+    """Ways of doing the same work (same bits out), swept by benchmarks/router_configs.py;
+    ``VARIANTS.override(...)`` selects one for a block and thread.
+
+    ``map_check_in_kernel``: the backward counts each row's marks in its kernel (the map is
+    loaded there anyway) and sets a flag that the host reads once after the launch, instead
+    of the front end's three reduction kernels and read before it (check_map_counts); a bad
+    map gets the same error either way."""
+
+    map_check_in_kernel: bool = True
+
+
+VARIANTS: Scoped[RouterVariants] = Scoped("triton.router.VARIANTS", RouterVariants)
 
 
 def _numerics(params) -> dict:
@@ -319,10 +337,10 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
 
 
 @triton.jit
-def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
+def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, bad_ptr, tokens, experts, topk, scale,
                        KIND: tl.constexpr, NORMALISE: tl.constexpr, ALL: tl.constexpr,
                        G_F32: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
-                       BE: tl.constexpr):
+                       BE: tl.constexpr, CHECK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BE)
     valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
@@ -336,6 +354,9 @@ def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
         m = valid
     else:
         m = valid & (tl.load(map_ptr + offs, mask=valid, other=0) != 0)
+    if CHECK:  # a row marking other than topk experts sets the flag (every writer writes 1)
+        wrong = (rows < tokens) & (tl.sum(m.to(tl.int32), axis=1) != topk)
+        tl.store(bad_ptr, 1, mask=tl.max(wrong.to(tl.int32), axis=0) != 0)
     g = tl.where(m, g * scale, 0.0)
     if KIND == 2:
         s = _sigmoid(x)
@@ -442,11 +463,20 @@ def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
     kind = _kind(config) if not aux else (_SIGMOID if config.score_function ==
                                           ScoreFunction.SIGMOID else _PRE)
     m = routing_map.contiguous().view(torch.int8) if routing_map is not None else x
+    check = routing_map is not None and not capturing(routing_map)
+    if check and not VARIANTS.get().map_check_in_kernel:
+        check_map_counts(routing_map, config.topk)  # before the launch, as the front end
+        check = False
+    bad = torch.zeros(1, dtype=torch.int32, device=x.device) if check else x
     _router_bwd_kernel[(grid,)](
-        g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), t, e,
-        1.0 if aux else float(config.scale), KIND=kind, NORMALISE=config.normalises,
-        ALL=routing_map is None, G_F32=aux, IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be,
-        num_warps=tile.warps)
+        g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), bad, t, e,
+        config.topk, 1.0 if aux else float(config.scale), KIND=kind,
+        NORMALISE=config.normalises, ALL=routing_map is None, G_F32=aux,
+        IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be, CHECK=check, num_warps=tile.warps)
+    if check and bool(bad):  # the one read back; the message's row is found only on error
+        check_map_counts(routing_map, config.topk)
+        raise AssertionError("the backward kernel flagged a routing map check_map_counts "
+                             "accepts")
     return dx
 
 
@@ -458,6 +488,7 @@ def router_fwd(logits, config: RouterConfig, *, expert_bias):
 
 @BACKEND.implements(Op.ROUTER_BWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
                     numerics=_numerics)
+@counts_the_map
 def router_bwd(grad_probs, logits, routing_map, config: RouterConfig):
     return _launch_bwd(grad_probs, logits, routing_map, config, aux=False)
 
