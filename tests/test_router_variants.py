@@ -58,3 +58,50 @@ def test_the_map_check_variants_give_the_same_bits(triton_device, score_function
     with R.VARIANTS.override(map_check_in_kernel=False):
         got = run()
     assert torch.equal(got, want)
+
+
+def _awkward(tokens, experts, dtype, seed):
+    """Random logits, rows 1 and 17 of small integers (ties), -0 beside +0, NaN, -inf, +inf:
+    at 8 tokens per program, blocks 0 and 2 have ties, block 1 and the tail block 3 not
+    (fp32: 16-bit logits may tie anywhere)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, experts, generator=g)
+    x[1::16] = torch.randint(-2, 2, (len(range(1, tokens, 16)), experts), generator=g).float()
+    if tokens > 6:
+        x[2, 3], x[5, :4], x[6, 1] = float("nan"), float("-inf"), float("inf")
+        x[1, 0] = -0.0
+    return x.to(dtype)
+
+
+# (score options, dtype): the float-score paths distinct_first changes (the packed keys of
+# 16-bit logits with the softmax after the top-k are not among them), grouped with a power-of-
+# two group size, padded groups, and the aux scores.
+FWD = [(dict(score_function="sigmoid", num_groups=8, group_topk=4), torch.bfloat16),
+       (dict(score_function="sigmoid", num_groups=5, group_topk=2), torch.float32),
+       (dict(score_function="sigmoid"), torch.float16),
+       (dict(score_function="softmax"), torch.float32),
+       (dict(score_function="softmax", use_pre_softmax=True, scaling_factor=2.0),
+        torch.bfloat16)]
+
+
+@pytest.mark.parametrize("kw,dtype", FWD, ids=lambda v: str(v))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_distinct_first_gives_the_default_bits(triton_device, kw, dtype, seed):
+    """Blocks of rows without ties take the new passes, blocks with ties the fallback: bits
+    equal both ways, also with an expert bias and for the aux scores."""
+    experts = 40 if kw.get("num_groups") == 5 else 64
+    x = _awkward(27, experts, dtype, seed).to(triton_device)
+    calls = [lambda: tealite.router_fwd(x, 8, backend="triton", **kw)]
+    if kw["score_function"] == "sigmoid":
+        bias = (torch.randn(experts, generator=torch.Generator().manual_seed(seed)) * 0.1)
+        calls.append(lambda: tealite.router_fwd(x, 8, backend="triton", expert_bias=bias.to(
+            triton_device), **kw))
+    calls.append(lambda: tealite.router_aux_scores_fwd(x, 8, backend="triton",
+                                                       score_function=kw["score_function"]))
+    for call in calls:
+        want = call()
+        with R.VARIANTS.override(distinct_first=True):
+            got = call()
+        for a, b in zip(got, want):
+            assert torch.equal(a.view(torch.uint8) if a.dtype != torch.bool else a,
+                               b.view(torch.uint8) if b.dtype != torch.bool else b)
