@@ -105,3 +105,23 @@ def test_distinct_first_gives_the_default_bits(triton_device, kw, dtype, seed):
         for a, b in zip(got, want):
             assert torch.equal(a.view(torch.uint8) if a.dtype != torch.bool else a,
                                b.view(torch.uint8) if b.dtype != torch.bool else b)
+
+
+def test_the_variant_sweep_runs_every_variant(triton_device, monkeypatch, capsys):
+    """benchmarks/router_configs.py --section variants, on a tiny shape (graph timing
+    replaced: no GPU here): a row per variant and direction, each with the default's bits."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import router_configs as sweep
+    from benchmarks._timing import L2Flusher
+    monkeypatch.setattr(sweep, "_graph_ms", lambda fn, flush: (fn(), 1.0)[1])
+    monkeypatch.setattr(sweep, "OP_REPS", 1)
+    cases, ops = sweep._cases(9, 64, triton_device)
+    sweep._variants(cases, ops, L2Flusher(torch.device(triton_device)), 1.0, 9, 64,
+                    torch.device(triton_device))
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 8 and all(r.endswith("same bits: True") for r in rows), rows
+    assert {r.split(":")[0].split()[-1] for r in rows} == {
+        "distinct_first=False", "distinct_first=True", "map_check_in_kernel=True",
+        "map_check_in_kernel=False"}

@@ -493,17 +493,17 @@ def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
     kind = _kind(config) if not aux else (_SIGMOID if config.score_function ==
                                           ScoreFunction.SIGMOID else _PRE)
     m = routing_map.contiguous().view(torch.int8) if routing_map is not None else x
-    check = routing_map is not None and not capturing(routing_map)
-    if check and not VARIANTS.get().map_check_in_kernel:
+    # While a CUDA graph is captured the flag is set but not read (no read-back there).
+    check = routing_map is not None and VARIANTS.get().map_check_in_kernel
+    if routing_map is not None and not check:
         check_map_counts(routing_map, config.topk)  # before the launch, as the front end
-        check = False
     bad = torch.zeros(1, dtype=torch.int32, device=x.device) if check else x
     _router_bwd_kernel[(grid,)](
         g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), bad, t, e,
         config.topk, 1.0 if aux else float(config.scale), KIND=kind,
         NORMALISE=config.normalises, ALL=routing_map is None, G_F32=aux,
         IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be, CHECK=check, num_warps=tile.warps)
-    if check and bool(bad):  # the one read back; the message's row is found only on error
+    if check and not capturing(bad) and bool(bad):  # the one read; the row only on error
         check_map_counts(routing_map, config.topk)
         raise AssertionError("the backward kernel flagged a routing map check_map_counts "
                              "accepts")
