@@ -8,7 +8,10 @@ best ``group_topk`` groups, then the top-k among the eligible experts, and among
 the lowest expert index (declared ``topk_ties = lowest_index``); then the weights (softmax
 over the chosen logits, the pre-softmax score, or the sigmoid normalised by its sum + 1e-20)
 times the scaling factor.  Backward at the given map: the softmax / normalisation / sigmoid
-gradients in fp32.  The aux-loss scores use the same kernels (softmax over all experts, or
+gradients in fp32; it also counts each row's marks and sets a flag when one is not topk (the
+front end's check of the map, done where the map is loaded anyway: one read after the launch
+instead of three reduction kernels and a read before it; sm_90: ~100 more instructions per
+thread of ~1000, two more barriers).  The aux-loss scores use the same kernels (softmax over all experts, or
 the sigmoid normalised over all of them; their backward is the router backward with every
 expert in the map).
 
@@ -23,6 +26,8 @@ regime) pack the column into the 13 low bits a widened 16-bit float leaves zero:
 max per pass.  Before 2026-11-27 the top-k took one expert per pass over boolean tiles (832
 SASS instructions per pass at 16 x 256 on sm_90; now 209, packed 98) at 5-11 % of copy
 bandwidth on an H100.  Divisions whose quotient is masked out divide 1, not 0 (_FAST_PATH).
+``VARIANTS.distinct_first`` (not the default until timed): passes without counts, a block
+with a tie among a row's k largest falling back to the counting passes (_select_distinct).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
 exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
