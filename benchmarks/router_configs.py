@@ -154,7 +154,21 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--section", choices=("all", "tiles", "variants"), default="all")
+    ap.add_argument("--variant", action="append", default=[], metavar="FIELD=true|false",
+                    help="a VARIANTS setting for the whole run (e.g. the tiles under "
+                         "distinct_first=true)")
     args = ap.parse_args(argv)
+    fields = {}
+    for item in args.variant:
+        field, _, value = item.partition("=")
+        if value.lower() not in ("true", "false"):
+            ap.error(f"--variant takes FIELD=true|false, got {item!r}")
+        fields[field] = value.lower() == "true"
+    with R.VARIANTS.override(**fields):
+        _run(args)
+
+
+def _run(args) -> None:
     t, e = args.tokens, args.experts
     flush = L2Flusher(torch.device("cuda"))
     src = torch.empty(C.router_bytes(t, e, 2, bwd=True) // 2, dtype=torch.int8, device="cuda")
