@@ -3,9 +3,31 @@
 two floors never import each other)."""
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import contextvars
+from typing import Callable, Iterator
 
 from tealite._checks import capturing, require
+
+# False while the front end runs a call whose caller vouches for the map (``router_bwd(...,
+# check_values=False)``, TE's convention): a backend that counts the map itself skips it then.
+_CHECKING: contextvars.ContextVar[bool] = contextvars.ContextVar("router_map_checks",
+                                                                 default=True)
+
+
+def checking_maps() -> bool:
+    """Whether this call's routing map is to be checked (see ``vouched``)."""
+    return _CHECKING.get()
+
+
+@contextlib.contextmanager
+def vouched() -> Iterator[None]:
+    """The block's router backward calls take the map as given (no count check, no read)."""
+    token = _CHECKING.set(False)
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
 
 
 def check_map_counts(routing_map, topk: int) -> None:

@@ -125,3 +125,46 @@ def test_the_variant_sweep_runs_every_variant(triton_device, monkeypatch, capsys
     assert {r.split(":")[0].split()[-1] for r in rows} == {
         "distinct_first=False", "distinct_first=True", "map_check_in_kernel=True",
         "map_check_in_kernel=False"}
+
+
+def _reads_and_fills(fn, monkeypatch) -> tuple[int, int]:
+    """(reads back to the host, zero fills) among the torch operators ``fn`` runs (CPU
+    profiler), the Triton kernel not run (the interpreter's own operators would count)."""
+    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.host_cost_router import _NoLaunch
+    with monkeypatch.context() as patch:
+        patch.setattr(R, "_router_bwd_kernel", _NoLaunch())
+        for _ in range(2):  # a process's first profiling session runs operators of its own
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                fn()
+    names = [e.name for e in prof.events()]
+    return (names.count("aten::_local_scalar_dense"),
+            names.count("aten::zeros"))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_check_values_false_takes_the_map_as_given(triton_device, backend, monkeypatch):
+    """TE's convention (as moe_permute's check_values): no count check, no read back; the
+    gradient is the formula's at the map given, so a map with a wrong count gets no error
+    and the same gradient as the other backend.  The default reads once (triton: after its
+    kernel) and refuses that map."""
+    x, grad = _inputs(triton_device)
+    _, routing_map = tealite.router_fwd(x, 4, backend="torch")
+    odd = routing_map.clone()
+    odd[3, :] = False
+    odd[3, :6] = True  # 6 marks where topk is 4
+    run = lambda m, **kw: tealite.router_bwd(grad, x, m, 4, backend=backend, **kw)  # noqa: E731
+    unchecked = _reads_and_fills(lambda: run(routing_map, check_values=False), monkeypatch)
+    checked = _reads_and_fills(lambda: run(routing_map), monkeypatch)
+    assert unchecked[0] == 0 and checked[0] == 1
+    if backend == "triton":  # the flag: one 4-byte fill, only when checking
+        assert (unchecked[1], checked[1]) == (0, 1)
+    got = run(odd, check_values=False)
+    other = "torch" if backend == "triton" else "triton"
+    want = tealite.router_bwd(grad, x, odd, 4, backend=other, check_values=False)
+    torch.testing.assert_close(got.cpu(), want.cpu())  # the formula at that map, both
+    assert torch.equal(run(routing_map, check_values=False), run(routing_map))
+    with pytest.raises(tealite.TealiteArgumentError, match="row 3 marks 6"):
+        run(odd)
+    with pytest.raises(tealite.TealiteArgumentError, match="check_values must be a bool"):
+        run(routing_map, check_values=0)

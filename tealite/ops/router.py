@@ -52,7 +52,7 @@ import tealite.registry as registry
 from tealite._checks import (check_choice, check_finite_number, check_same_device,
                              check_tensor, require)
 from tealite.moe_types import RouterConfig, ScoreFunction
-from tealite.router_checks import COUNTS_THE_MAP, check_map_counts
+from tealite.router_checks import COUNTS_THE_MAP, check_map_counts, vouched
 from tealite.types import Op
 
 _COUNTS = (torch.int32, torch.int64)
@@ -178,8 +178,14 @@ def _check_grad(name: str, grad, like, dtype=None) -> None:
 
 def router_bwd(grad_probs, logits, routing_map, topk: int, *, score_function: str = "softmax",
                use_pre_softmax: bool = False, scaling_factor: float | None = None,
-               backend: str | None = None):
-    """grad_logits of ``router_fwd`` at the given routing map (see the module docstring)."""
+               check_values: bool = True, backend: str | None = None):
+    """grad_logits of ``router_fwd`` at the given routing map (see the module docstring).
+
+    ``check_values=False`` skips the check that the map marks exactly ``topk`` experts per
+    row (a read back to the host: a device sync); the caller vouches for it, as TE's fused
+    router backward assumes (the map of ``router_fwd``).  Another map's gradient is then
+    the formula's at that map."""
+    require(isinstance(check_values, bool), f"check_values must be a bool, got {check_values!r}")
     tokens, experts = _check_logits("logits", logits)
     config = router_config(topk, experts, score_function=score_function,
                            use_pre_softmax=use_pre_softmax, scaling_factor=scaling_factor)
@@ -188,6 +194,9 @@ def router_bwd(grad_probs, logits, routing_map, topk: int, *, score_function: st
     device = check_same_device(grad_probs=grad_probs, logits=logits, routing_map=routing_map)
     params = _params(logits, config, expert_bias=False, device=device)
     impl = registry.dispatch(Op.ROUTER_BWD, params, backend)
+    if not check_values:
+        with vouched():
+            return impl.fn(grad_probs, logits, routing_map, config)
     if impl.fn not in COUNTS_THE_MAP:
         check_map_counts(routing_map, topk)
     return impl.fn(grad_probs, logits, routing_map, config)
