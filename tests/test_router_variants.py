@@ -117,6 +117,9 @@ def test_the_variant_sweep_runs_every_variant(triton_device, monkeypatch, capsys
     from benchmarks._timing import L2Flusher
     monkeypatch.setattr(sweep, "_graph_ms", lambda fn, flush: (fn(), 1.0)[1])
     monkeypatch.setattr(sweep, "OP_REPS", 1)
+    profile = sweep.kernel_profile
+    monkeypatch.setattr(sweep, "warm_up", lambda fn, device, calls: fn())
+    monkeypatch.setattr(sweep, "kernel_profile", lambda fn, device: profile(fn, device, 1))
     cases, ops = sweep._cases(9, 64, triton_device)
     sweep._variants(cases, ops, L2Flusher(torch.device(triton_device)), 1.0, 9, 64,
                     torch.device(triton_device))
