@@ -102,7 +102,7 @@ class RouterVariants:
     of the front end's three reduction kernels and read before it (check_map_counts); a bad
     map gets the same error either way.  ``distinct_first``: the forward's top-k over float
     scores (all but the packed keys) tries ``_select_distinct`` first; sm_90 SASS, sigmoid
-    with groups and a bias, 8 x 256 per program: ~1950 instructions per thread instead of
+    with groups and a bias, 8 x 256 per program: ~1900 instructions per thread instead of
     ~2700.  Not yet timed on a GPU, so not the default."""
 
     map_check_in_kernel: bool = True
@@ -197,18 +197,18 @@ def _select(r, eligible, k, AXIS: tl.constexpr):
 @triton.jit
 def _select_distinct(r, eligible, k, AXIS: tl.constexpr):
     """``_select`` without counts or ranks where a row's ``k`` largest eligible scores are
-    distinct (random fp32 scores: almost every row): ``k`` passes of a max and a knock-out of
-    the entries equal to it give the k-th distinct value T; when exactly ``k`` entries are
-    >= T (so each pass took one) the chosen are the eligible ``r >= T``, which is what
-    ``_select`` picks then (one tie at T, rank 1).  A block with any other row runs
-    ``_select`` itself.  Per pass a max and a compare-select per entry: the counts, their
-    bit-packed booleans and the rank scan made ``_select``'s pass ~150 sm_90 instructions."""
+    distinct (random fp32 scores: almost every row): ``k - 1`` passes of a max and a knock-out
+    of the entries equal to it, then a max, give the k-th distinct value T; when exactly
+    ``k`` entries are >= T (so each pass took one) the chosen are the eligible ``r >= T``,
+    which is what ``_select`` picks then (one tie at T, rank 1).  A block with any other row
+    runs ``_select`` itself.  Per pass a max and a compare-select per entry (58 sm_90
+    instructions at 8 x 256): the counts, their bit-packed booleans and the rank scan made
+    ``_select``'s pass 152."""
     w0 = tl.where(eligible & (r == r), r, float("-inf"))
     w = w0
+    for _ in range(1, k):  # knock out the k - 1 largest distinct values
+        w = tl.where(w == tl.expand_dims(tl.max(w, axis=AXIS), AXIS), float("-inf"), w)
     m = tl.max(w, axis=AXIS)
-    for _ in range(0, k):
-        m = tl.max(w, axis=AXIS)
-        w = tl.where(w == tl.expand_dims(m, AXIS), float("-inf"), w)
     at = tl.expand_dims(m, AXIS)
     n = tl.sum((w0 >= at).to(tl.int32), axis=AXIS)
     chosen = eligible & (r >= at)
