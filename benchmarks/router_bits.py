@@ -43,6 +43,7 @@ def _old_module(rev: str, old_file: str | None = None):
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("router_old", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses (Tile, since 2026-11-27) look it up there
     spec.loader.exec_module(module)
     return module
 

@@ -71,3 +71,20 @@ def test_router_aiter(bench, aiter, router_inputs, copy_reference):
               shape=logits.shape, dtype=logits.dtype,
               nbytes=C.router_bytes(tokens, experts, logits.element_size()),
               reference=copy_reference, foreign=True)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_router_bwd_unchecked(bench, router_inputs, copy_reference, config):
+    """The backward with ``check_values=False`` (TE's convention, as moe_permute's: the caller
+    vouches for the map): no read back to the host, so the host runs ahead of the device."""
+    logits, bias, grad = router_inputs
+    tokens, experts = logits.shape
+    kw = _options(config, bias)
+    _, routing_map = tealite.router_fwd(logits, 8, backend="torch", **kw)
+    bench.run(lambda: tealite.router_bwd(grad, logits, routing_map, 8, backend="triton",
+                                         score_function=kw["score_function"],
+                                         check_values=False),
+              group="router", kernel=f"router_bwd {config} top8 check_values=False",
+              backend="triton", shape=logits.shape, dtype=logits.dtype,
+              nbytes=C.router_bytes(tokens, experts, logits.element_size(), bwd=True),
+              reference=copy_reference, target_pct=ROUTER)

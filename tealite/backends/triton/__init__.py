@@ -69,7 +69,8 @@ BACKEND = register_backend(Backend(
 # families statically, so they may import it (BACKEND, platform facts) without a circle.
 FAMILIES = ("activations", "attention", "dequantize", "fused", "gemm", "grouped_gemm", "norms",
             "qgemm", "quantize", "rope", "softmax", "router", "permute",
-            "grouped_quantize", "scaling", "transpose", "multi_tensor", "dropout")
+            "grouped_quantize", "scaling", "transpose", "multi_tensor", "dropout",
+            "router_aux_loss")
 if HAVE_TRITON:
     for _family in FAMILIES:
         importlib.import_module(f"{__name__}.{_family}")

@@ -8,7 +8,10 @@ best ``group_topk`` groups, then the top-k among the eligible experts, and among
 the lowest expert index (declared ``topk_ties = lowest_index``); then the weights (softmax
 over the chosen logits, the pre-softmax score, or the sigmoid normalised by its sum + 1e-20)
 times the scaling factor.  Backward at the given map: the softmax / normalisation / sigmoid
-gradients in fp32.  The aux-loss scores use the same kernels (softmax over all experts, or
+gradients in fp32; it also counts each row's marks and sets a flag when one is not topk (the
+front end's check of the map, done where the map is loaded anyway: one read after the launch
+instead of three reduction kernels and a read before it; sm_90: ~100 more instructions per
+thread of ~1000, two more barriers).  The aux-loss scores use the same kernels (softmax over all experts, or
 the sigmoid normalised over all of them; their backward is the router backward with every
 expert in the map).
 
@@ -23,6 +26,8 @@ regime) pack the column into the 13 low bits a widened 16-bit float leaves zero:
 max per pass.  Before 2026-11-27 the top-k took one expert per pass over boolean tiles (832
 SASS instructions per pass at 16 x 256 on sm_90; now 209, packed 98) at 5-11 % of copy
 bandwidth on an H100.  Divisions whose quotient is masked out divide 1, not 0 (_FAST_PATH).
+``VARIANTS.distinct_first`` (not the default until timed): passes without counts, a block
+with a tie among a row's k largest falling back to the counting passes (_select_distinct).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
 exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
@@ -34,7 +39,7 @@ wider than 8192 experts are refused (one token block in registers; the packed ke
 column bits).  The aux loss: one program sums probs over the tokens block by block (fp32
 column sums), weights them by the tokens per expert and multiplies by TE's constant
 (computed on the host in float32 as the torch backend does); its backward writes ``C n_e g``
-per token block.
+per token block (router_aux_loss.py).
 """
 from __future__ import annotations
 
@@ -47,7 +52,9 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite._checks import capturing
 from tealite.moe_types import RouterConfig, ScoreFunction, TieRule
+from tealite.router_checks import check_map_counts, checking_maps, counts_the_map
 from tealite.scoped import Scoped
 from tealite.types import Op
 
@@ -83,6 +90,26 @@ class RouterTiles:
 
 
 TILES: Scoped[RouterTiles] = Scoped("triton.router.TILES", RouterTiles)
+
+
+@dataclass(frozen=True)
+class RouterVariants:
+    """Ways of doing the same work (same bits out), swept by benchmarks/router_configs.py;
+    ``VARIANTS.override(...)`` selects one for a block and thread.
+
+    ``map_check_in_kernel``: the backward counts each row's marks in its kernel (the map is
+    loaded there anyway) and sets a flag that the host reads once after the launch, instead
+    of the front end's three reduction kernels and read before it (check_map_counts); a bad
+    map gets the same error either way.  ``distinct_first``: the forward's top-k over float
+    scores (all but the packed keys) tries ``_select_distinct`` first; sm_90 SASS, sigmoid
+    with groups and a bias, 8 x 256 per program: ~1900 instructions per thread instead of
+    ~2700.  Not yet timed on a GPU, so not the default."""
+
+    map_check_in_kernel: bool = True
+    distinct_first: bool = False
+
+
+VARIANTS: Scoped[RouterVariants] = Scoped("triton.router.VARIANTS", RouterVariants)
 
 
 def _numerics(params) -> dict:
@@ -165,6 +192,29 @@ def _select(r, eligible, k, AXIS: tl.constexpr):
     tie = eligible & (r == at)
     rank = tl.cumsum(tie.to(tl.int32), axis=AXIS)  # 1 for the lowest-index tie
     return eligible & ((r > at) | (tie & (rank <= tl.expand_dims(k - above, AXIS))))
+
+
+@triton.jit
+def _select_distinct(r, eligible, k, AXIS: tl.constexpr):
+    """``_select`` without counts or ranks where a row's ``k`` largest eligible scores are
+    distinct (random fp32 scores: almost every row): ``k - 1`` passes of a max and a knock-out
+    of the entries equal to it, then a max, give the k-th distinct value T; when exactly
+    ``k`` entries are >= T (so each pass took one) the chosen are the eligible ``r >= T``,
+    which is what ``_select`` picks then (one tie at T, rank 1).  A block with any other row
+    runs ``_select`` itself.  Per pass a max and a compare-select per entry (58 sm_90
+    instructions at 8 x 256): the counts, their bit-packed booleans and the rank scan made
+    ``_select``'s pass 152."""
+    w0 = tl.where(eligible & (r == r), r, float("-inf"))
+    w = w0
+    for _ in range(1, k):  # knock out the k - 1 largest distinct values
+        w = tl.where(w == tl.expand_dims(tl.max(w, axis=AXIS), AXIS), float("-inf"), w)
+    m = tl.max(w, axis=AXIS)
+    at = tl.expand_dims(m, AXIS)
+    n = tl.sum((w0 >= at).to(tl.int32), axis=AXIS)
+    chosen = eligible & (r >= at)
+    if tl.max(((n != k) | (m == float("-inf"))).to(tl.int32), axis=0) != 0:
+        chosen = _select(r, eligible, k, AXIS)
+    return chosen
 
 
 _TAKEN = tl.constexpr(-2147483647)  # a packed key already chosen (every real key is larger)
@@ -275,7 +325,8 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
                        HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr, NORMALISE: tl.constexpr,
                        AUX: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
                        BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
-                       PADDED: tl.constexpr, PACKED: tl.constexpr, TOP_TWO: tl.constexpr):
+                       PADDED: tl.constexpr, PACKED: tl.constexpr, TOP_TWO: tl.constexpr,
+                       DISTINCT: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BE)
     valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
@@ -300,6 +351,8 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
                              BT, BE, BG, BGS, PADDED, TOP_TWO)
     if PACKED:
         chosen = _select_packed(route, eligible, cols, topk)
+    elif DISTINCT:
+        chosen = _select_distinct(route, eligible, topk, 1)
     else:
         chosen = _select(route, eligible, topk, 1)
     if AUX:
@@ -319,10 +372,10 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
 
 
 @triton.jit
-def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
+def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, bad_ptr, tokens, experts, topk, scale,
                        KIND: tl.constexpr, NORMALISE: tl.constexpr, ALL: tl.constexpr,
                        G_F32: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
-                       BE: tl.constexpr):
+                       BE: tl.constexpr, CHECK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BE)
     valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
@@ -336,6 +389,9 @@ def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
         m = valid
     else:
         m = valid & (tl.load(map_ptr + offs, mask=valid, other=0) != 0)
+    if CHECK:  # a row marking other than topk experts sets the flag (every writer writes 1)
+        wrong = (rows < tokens) & (tl.sum(m.to(tl.int32), axis=1) != topk)
+        tl.store(bad_ptr, 1, mask=tl.max(wrong.to(tl.int32), axis=0) != 0)
     g = tl.where(m, g * scale, 0.0)
     if KIND == 2:
         s = _sigmoid(x)
@@ -354,36 +410,6 @@ def _router_bwd_kernel(g_ptr, x_ptr, map_ptr, dx_ptr, tokens, experts, scale,
     store_f32(dx_ptr, offs, dx, valid, IS_BF16)
 
 
-@triton.jit
-def _aux_loss_fwd_kernel(p_ptr, n_ptr, c_ptr, out_ptr, tokens, experts, IS_BF16: tl.constexpr,
-                         BT: tl.constexpr, BE: tl.constexpr):
-    cols = tl.arange(0, BE)
-    incol = cols < experts
-    acc = tl.zeros((BE,), tl.float32)
-    for t0 in range(0, tokens, BT):
-        rows = t0 + tl.arange(0, BT).to(tl.int64)
-        valid = (rows < tokens)[:, None] & incol[None, :]
-        p = load_f32(p_ptr, rows[:, None] * experts + cols[None, :], valid, IS_BF16)
-        acc += tl.sum(p, axis=0)
-    n = tl.load(n_ptr + cols, mask=incol, other=0).to(tl.float32)
-    loss = tl.sum(acc * n, axis=0) * tl.load(c_ptr)
-    store_f32(out_ptr, tl.arange(0, 1), tl.full((1,), 0.0, tl.float32) + loss,
-              tl.arange(0, 1) < 1, IS_BF16)
-
-
-@triton.jit
-def _aux_loss_bwd_kernel(g_ptr, n_ptr, c_ptr, dp_ptr, tokens, experts, IS_BF16: tl.constexpr,
-                         BT: tl.constexpr, BE: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    cols = tl.arange(0, BE)
-    valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
-    g = load_f32(g_ptr, tl.arange(0, 1), tl.arange(0, 1) < 1, IS_BF16)
-    n = tl.load(n_ptr + cols, mask=cols < experts, other=0).to(tl.float32)
-    row = n * tl.load(c_ptr) * tl.sum(g, axis=0)
-    store_f32(dp_ptr, rows[:, None] * experts + cols[None, :],
-              tl.zeros((BT, BE), tl.float32) + row[None, :], valid, IS_BF16)
-
-
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -396,7 +422,7 @@ def _blocks(tokens: int, experts: int, tile: Tile = Tile()) -> tuple[int, int, i
 
 @functools.lru_cache(maxsize=256)
 def _fwd_options(experts: int, config: RouterConfig, aux: bool, has_bias: bool,
-                 dtype: torch.dtype, tile: Tile) -> tuple[int, dict]:
+                 dtype: torch.dtype, tile: Tile, distinct: bool) -> tuple[int, dict]:
     """(tokens per program, the forward kernel's compile-time arguments): a pure function of
     the call's shape and options, so computed once per configuration, not per call."""
     bt, be, _ = _blocks(1, experts, tile)
@@ -409,7 +435,7 @@ def _fwd_options(experts: int, config: RouterConfig, aux: bool, has_bias: bool,
                     BT=bt, BE=be, BG=_pow2(ng) if slot != gs else be // slot, BGS=slot,
                     PADDED=config.grouped and slot != gs,
                     PACKED=kind == _POST and not aux and dtype != torch.float32,
-                    TOP_TWO=config.grouped and config.per_group == 2,
+                    TOP_TWO=config.grouped and config.per_group == 2, DISTINCT=distinct,
                     num_warps=tile.warps)
 
 
@@ -421,7 +447,7 @@ def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
     if t == 0:
         return out, chosen
     bt, options = _fwd_options(e, config, aux, expert_bias is not None, x.dtype,
-                               TILES.get().fwd)
+                               TILES.get().fwd, VARIANTS.get().distinct_first)
     bias = expert_bias.float().contiguous() if expert_bias is not None else x
     ng = config.num_groups or 1
     _router_fwd_kernel[(-(-t // bt),)](
@@ -442,11 +468,21 @@ def _launch_bwd(grad, logits, routing_map, config: RouterConfig, *, aux: bool):
     kind = _kind(config) if not aux else (_SIGMOID if config.score_function ==
                                           ScoreFunction.SIGMOID else _PRE)
     m = routing_map.contiguous().view(torch.int8) if routing_map is not None else x
+    # While a CUDA graph is captured the flag is set but not read (no read-back there).
+    vouched = routing_map is None or not checking_maps()  # check_values=False: no check
+    check = not vouched and VARIANTS.get().map_check_in_kernel
+    if not vouched and not check:
+        check_map_counts(routing_map, config.topk)  # before the launch, as the front end
+    bad = torch.zeros(1, dtype=torch.int32, device=x.device) if check else x
     _router_bwd_kernel[(grid,)](
-        g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), t, e,
-        1.0 if aux else float(config.scale), KIND=kind, NORMALISE=config.normalises,
-        ALL=routing_map is None, G_F32=aux, IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be,
-        num_warps=tile.warps)
+        g if aux else as_kernel_arg(g), as_kernel_arg(x), m, as_kernel_arg(dx), bad, t, e,
+        config.topk, 1.0 if aux else float(config.scale), KIND=kind,
+        NORMALISE=config.normalises, ALL=routing_map is None, G_F32=aux,
+        IS_BF16=x.dtype == torch.bfloat16, BT=bt, BE=be, CHECK=check, num_warps=tile.warps)
+    if check and not capturing(bad) and bool(bad):  # the one read; the row only on error
+        check_map_counts(routing_map, config.topk)
+        raise AssertionError("the backward kernel flagged a routing map check_map_counts "
+                             "accepts")
     return dx
 
 
@@ -458,6 +494,7 @@ def router_fwd(logits, config: RouterConfig, *, expert_bias):
 
 @BACKEND.implements(Op.ROUTER_BWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
                     numerics=_numerics)
+@counts_the_map
 def router_bwd(grad_probs, logits, routing_map, config: RouterConfig):
     return _launch_bwd(grad_probs, logits, routing_map, config, aux=False)
 
@@ -474,44 +511,3 @@ def router_aux_scores_fwd(logits, config: RouterConfig):
                     check=_too_wide, numerics=_numerics)
 def router_aux_scores_bwd(grad_scores, logits, config: RouterConfig):
     return _launch_bwd(grad_scores, logits, None, config, aux=True)
-
-
-
-
-def _aux_constant(experts: int, total_num_tokens: int, topk: int, coeff: float, device):
-    """TE's C = E * coeff / topk / T / T, each step in float32 (as the torch backend)."""
-    c = torch.tensor(experts * coeff, dtype=torch.float32)
-    for divisor in (topk, total_num_tokens, total_num_tokens):
-        c = c / torch.tensor(float(divisor), dtype=torch.float32)
-    return c.reshape(1).to(device)
-
-
-@BACKEND.implements(Op.MOE_AUX_LOSS_FWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
-                    numerics=_numerics)
-def moe_aux_loss_fwd(probs, tokens_per_expert, *, total_num_tokens, topk, coeff):
-    t, e = probs.shape
-    p = probs.contiguous()
-    out = torch.empty((), dtype=p.dtype, device=p.device)
-    bt, be, _ = _blocks(t, e)
-    c = _aux_constant(e, total_num_tokens, topk, coeff, p.device)
-    _aux_loss_fwd_kernel[(1,)](as_kernel_arg(p), tokens_per_expert.contiguous(), c,
-                               as_kernel_arg(out.reshape(1)), t, e,
-                               IS_BF16=p.dtype == torch.bfloat16, BT=bt, BE=be)
-    return out
-
-
-@BACKEND.implements(Op.MOE_AUX_LOSS_BWD, dtypes=_FLOATS, devices=DEVICES, check=_too_wide,
-                    numerics=_numerics)
-def moe_aux_loss_bwd(grad_aux_loss, probs, tokens_per_expert, *, total_num_tokens, topk,
-                     coeff):
-    t, e = probs.shape
-    dp = torch.empty((t, e), dtype=probs.dtype, device=probs.device)
-    bt, be, grid = _blocks(t, e)
-    if grid == 0:
-        return dp
-    c = _aux_constant(e, total_num_tokens, topk, coeff, probs.device)
-    g = grad_aux_loss.to(probs.dtype).reshape(1).contiguous()
-    _aux_loss_bwd_kernel[(grid,)](as_kernel_arg(g), tokens_per_expert.contiguous(), c,
-                                  as_kernel_arg(dp), t, e, IS_BF16=probs.dtype == torch.bfloat16,
-                                  BT=bt, BE=be)
-    return dp
