@@ -29,6 +29,7 @@ from tealite_verify.specs import attention_fp8 as fp8spec
 from tealite_verify.specs.attention import make_case
 
 from _helpers_aiter import ran, seeded_variant_is_caught
+from test_aiter_attention_fp8_bwd import _rne_fp8_cast
 
 BACKEND = registry.get_backend(NAME)
 REASON = BACKEND.unavailable_reason()
@@ -150,10 +151,12 @@ def test_a_seeded_wrong_variant_is_caught(at, monkeypatch, wrap):
                                 d_qk=16, d_v=16), "(h * 29) % h_q"),
     ("attention_bwd", make_case("bshd", "none", DT, bias="post_scale"), "no bias tensor"),
     ("attention_bwd", make_case("bshd", "causal_bottom_right", DT, sq=9, sk=5), "lse = 0"),
-    (fp8spec.BWD_NAME,
-     fp8spec.make_case("bshd", "none", "float32", d_qk=16, d_v=16), "FP8"),
+    (fp8spec.BWD_NAME, fp8spec.make_case("bshd", "none", "float32", d_qk=16, d_v=16),
+     "fp8" if INTERPRET else None),
 ])
 def test_unsupported_cases_say_why(op, case, words):
+    if words is None:
+        pytest.skip("compiled: the FP8 case is the FP8 tests' (below)")
     outcome = report(case, op=op, backends=[NAME]).outcomes[NAME]
     assert outcome.status == "unsupported" and words in outcome.reason, outcome.reason
 
@@ -216,3 +219,58 @@ def test_the_fused_backward_dq_is_finite_when_every_logit_is_very_negative(at):
     assert float(lse.max()) < -11  # the precondition: exp(-lse) overflows fp16
     dq, _, _ = _fused(at, torch.ones_like(out), q, k, v, out, lse, causal=False)
     assert torch.isfinite(dq).all(), dq
+
+
+# ---- FP8 (the recipe, op attention_bwd_fp8) --------------------------------------------------
+
+FP8_CASES = {
+    "bshd-gqa-fp32": fp8spec.make_case("bshd", "none", "float32", d_qk=32, d_v=32),
+    "thd-fp16": fp8spec.make_case("thd", "padding", DT, lens_q=[5, 0, 3], lens_kv=[7, 2, 3],
+                                  batch=3, d_qk=32, d_v=32),
+    "bshd-causal-br-fp16": fp8spec.make_case("bshd", "causal_bottom_right", DT, sq=9, sk=13,
+                                             d_qk=24, d_v=24),
+}
+
+
+def test_the_fused_fp8_backward_declares_its_contract():
+    c = {c.entry_point: c for c in contracts.contracts(NAME)}[FB.FUSED_BWD_FP8]
+    assert c.op == fp8spec.BWD_NAME and c.family == "fp8-current"
+
+
+def test_compiled_on_nvidia_the_fused_fp8_backward_is_refused():
+    from tealite import recipes as R
+    p = dict(recipe=R.Float8CurrentScaling(), alibi=False, head_dim_qk=32, head_dim_v=32,
+             mask="none", heads_q=4)
+    assert "BLOCK_M = 16" in FB.reason(p, nvidia=True)
+    assert FB.reason(p, nvidia=False) is None or "lacks" in FB.reason(p, nvidia=False)
+    assert FB.reason(dict(p, recipe=None), nvidia=True) is None
+
+
+@pytest.mark.parametrize("name", sorted(FP8_CASES))
+def test_the_fused_fp8_backward_with_a_correct_cast_matches_the_recipe(name, monkeypatch):
+    if not INTERPRET and not torch.version.hip:
+        pytest.skip("refused compiled on NVIDIA (the test above)")
+    with _rne_fp8_cast(monkeypatch):
+        rep = report(FP8_CASES[name], op=fp8spec.BWD_NAME)
+    outcome = ran(rep)
+    assert outcome.numerics.entry_point == FB.FUSED_BWD_FP8
+    assert outcome.numerics.attention_dynamic_block_scale
+    assert rep.verdict == "pass", rep.describe()
+
+
+def test_the_fused_fp8_backward_with_a_wrong_descale_is_caught(at, monkeypatch):
+    """descale_do doubled at the call: every gradient doubles."""
+    if not INTERPRET and not torch.version.hip:
+        pytest.skip("refused compiled on NVIDIA")
+    fn = at.functions[FB.FUSED_BWD]
+
+    def wrong(*args, **kw):
+        return fn(*args, **dict(kw, descale_do=kw["descale_do"] * 2.0))
+
+    monkeypatch.setitem(at.functions, FB.FUSED_BWD, wrong)
+    with _rne_fp8_cast(monkeypatch):
+        rep = report(FP8_CASES["bshd-gqa-fp32"], op=fp8spec.BWD_NAME)
+    ran(rep)
+    bad = {c.output for c in rep.failures if c.lhs == NAME and c.rhs == "reference"}
+    assert bad == {"dq", "dk", "dv"}, rep.describe()
+    assert not [c for c in rep.failures if c.lhs == "torch" and c.rhs == "reference"]

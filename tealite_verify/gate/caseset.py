@@ -61,6 +61,8 @@ def _aiter_fused_attention_bwd() -> ContextManager:
 # (op, backend) -> {switch name: a context manager factory that selects it}.
 SWITCHES: dict[tuple[str, str], dict[str, Callable[[], ContextManager]]] = {
     ("attention_bwd", "aiter_triton"): {"fused-bwd": _aiter_fused_attention_bwd},
+    # FP8: refused in the interpreter (its fp8 cast), so records come from compiled captures
+    ("attention_bwd_fp8", "aiter_triton"): {"fused-bwd": _aiter_fused_attention_bwd},
 }
 
 

@@ -224,8 +224,12 @@ EMPTY_ROW = ("AITER's Triton mha writes lse = 0 for a query row that sees no key
 def _check_for(backward: bool):
     def check(p) -> str | None:
         if backward and fused_bwd.fused_selected():
-            return (_semantics_reason(p) or interpreter_bf16_reason(p["dtype"])
-                    or fused_bwd.reason(p))
+            nvidia = not INTERPRET and PLATFORM.get().nvidia
+            why = (_semantics_reason(p) or interpreter_bf16_reason(p["dtype"])
+                   or fused_bwd.reason(p, nvidia=nvidia))
+            if why is None and p.get("recipe") is not None:
+                return _recipe_reason(p, fused_bwd.FUSED_BWD)
+            return why
         why = (_semantics_reason(p) or _head_dim_reason(p, backward)
                or interpreter_bf16_reason(p["dtype"]))
         if why is not None:
@@ -252,10 +256,10 @@ def _numerics(backward: bool):
         nvidia = not INTERPRET and PLATFORM.get().nvidia
         entry = BWD if backward else (FWD_VARLEN if p["layout"] == "thd" else FWD)
         fp8 = p.get("recipe") is not None
-        if fp8:
+        if backward and fused_bwd.fused_selected():  # the same roundings (its module doc)
+            entry = fused_bwd.FUSED_BWD_FP8 if fp8 else fused_bwd.FUSED_BWD
+        elif fp8:
             entry = BWD_FP8 if backward else FWD_FP8
-        elif backward and fused_bwd.fused_selected():
-            entry = fused_bwd.FUSED_BWD  # the same roundings (its module doc)
         out = {"compute_dtype": torch.float32, "entry_point": entry,
                "exp_ulps": _EXP_ULPS_INTERPRETER if INTERPRET else _EXP_ULPS_GPU,
                "attention_p_rounded_to": _fp8_dtype() if fp8 else dtype}
@@ -418,12 +422,17 @@ def _fp8_backward(dout, q, k, v, out, lse, config: AttentionConfig):
     hq, hk = q.shape[-2], k.shape[-2]
     descale = {f"descale_{n}": s.reshape(1, 1).expand(batch, h).contiguous()
                for n, s, h in (("q", s_q, hq), ("k", s_k, hk), ("v", s_v, hk), ("do", s_do, hq))}
-    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device)
-                  for t in (q_, k_, v_))
-    _kernels().flash_attn_onekernel_backward(
-        do8, q8, k8, v8, o_, lse_k, dq, dk, dv, None, config.softmax_scale,
-        _alibi(config, batch), config.causal, cu_q, cu_k, max_seqlen_q=max_q,
-        max_seqlen_k=max_k, dropout_p=0.0, USE_INT64_STRIDES=True, **descale)
+    if fused_bwd.fused_selected():
+        dq, dk, dv = fused_bwd.run(do8, q8, k8, v8, o_, lse_k, scale=config.softmax_scale,
+                                   causal=config.causal, cu_q=cu_q, cu_k=cu_k, max_q=max_q,
+                                   max_k=max_k, **descale)
+    else:
+        dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+                      for t in (q_, k_, v_))
+        _kernels().flash_attn_onekernel_backward(
+            do8, q8, k8, v8, o_, lse_k, dq, dk, dv, None, config.softmax_scale,
+            _alibi(config, batch), config.causal, cu_q, cu_k, max_seqlen_q=max_q,
+            max_seqlen_k=max_k, dropout_p=0.0, USE_INT64_STRIDES=True, **descale)
     # fp32 gradients: the contract's dtype, one rounding each
     return tuple(_bshd(g[..., :t.shape[-1]], layout).to(t.dtype).contiguous()
                  for g, t in ((dq, q), (dk, k), (dv, v)))

@@ -34,6 +34,16 @@ What the kernels do (amd-aiter 0.1.7.post2, read in ``_triton_kernels/mha_fused_
   the causal kernel's atomic dK / dV, ``empty_like`` buffers.  The adapter hands zeroed fp32
   buffers and rounds each gradient once to the input dtype (as for the FP8 path).
 
+FP8 (``recipe``, op ``attention_bwd_fp8``, contract ``flash_attn_fused_backward[fp8]``): the
+same call with float8 dout / q / k / v and (b, h) descales, quantized by the adapter as for
+the one-kernel FP8 backward (attention.py).  The kernel re-quantizes P^T and dS^T per
+(BLOCK_N x BLOCK_M) block with AITER's shared ``_compute_fp8_scaling_factors`` (FP8_MAX /
+max(|block|, 1e-9)) before the dV / dK / dQ products (dQ's from the same dS^T codes as dK's)
+and descales after; delta = rowsum(o * do * descale_do): declared as the one-kernel FP8
+backward.  Refused under the interpreter (its fp32 -> fp8 cast) and, not measured, compiled
+on NVIDIA: its dV and dK FP8 dots reduce over BLOCK_M = 16 query rows, and an FP8 dot with
+K < 32 is what failed to compile on an H100 for the one-kernel backward.
+
 Numerics (declared as for the one-kernel backward): fp32 scores and delta, P and dS rounded
 to the input dtype before the dV / dK / dQ products, fp32 accumulation.  The order of the
 atomic fp32 sums (dQ over key blocks; causal GQA dK / dV over the group) is not fixed on a
@@ -55,6 +65,7 @@ from tealite.scoped import Scoped
 from tealite.types import Op
 
 FUSED_BWD = "flash_attn_fused_backward"
+FUSED_BWD_FP8 = f"{FUSED_BWD}[fp8]"  # its own contract, as the one-kernel FP8 backward's
 ENV_BWD = "TEALITE_AITER_ATTENTION_BWD"
 _HEAD_SPREAD = 29  # the causal kernel's (h * 29) % h_q
 
@@ -102,11 +113,33 @@ declare(Contract(backend=NAME, entry_point=FUSED_BWD, op=Op.ATTENTION_BWD,
                         "select": f"{ENV_BWD}=fused"}))
 
 
-def reason(p) -> str | None:
-    """Why the fused backward cannot take a case the one-kernel checks let through."""
-    if p.get("recipe") is not None:
-        return ("AITER's fused attention backward is not driven with FP8 operands here (its "
-                "FP8 path is the one-kernel backward's; unset " + ENV_BWD + ")")
+declare(Contract(backend=NAME, entry_point=FUSED_BWD_FP8, op=Op.ATTENTION_BWD_FP8,
+                 family="fp8-current", fp8="arch", scale_rule="fmax/amax",
+                 element_rounding="rne", saturation="saturate",
+                 layouts=("do/q/k/v:fp8 bshd|thd", "descale_q/do:(b,h_q)", "descale_k/v:(b,h_kv)",
+                          "o:q's dtype", "dq/dk/dv:fp32 zeroed (atomic adds)"),
+                 notes="dout/q/k/v quantized per tensor by the adapter (torch, the recipe's "
+                       "rule); P^T and dS^T re-quantized per block in-kernel (dynamic scale "
+                       "FP8_MAX/max(|block|, 1e-9)), descaled after each product; dQ summed "
+                       "by fp32 atomics, order not fixed",
+                 extra={"p": "fp8, dynamic per-block scale", "ds": "fp8, dynamic per-block scale",
+                        "alibi": "ignored by the wrapper: refused",
+                        "head_dim": "d_qk == d_v only", "select": f"{ENV_BWD}=fused"}))
+
+
+def _fp8_reason(nvidia: bool) -> str | None:
+    if nvidia:
+        return ("AITER's fused FP8 attention backward is not run on NVIDIA: its dV / dK FP8 "
+                "dots reduce over BLOCK_M = 16 rows, and FP8 dots with K < 32 did not "
+                "compile on an H100 (the one-kernel backward's)")
+    return None
+
+
+def reason(p, *, nvidia: bool = False) -> str | None:
+    """Why the fused backward cannot take a case the one-kernel checks let through
+    (``nvidia``: compiled for an NVIDIA GPU)."""
+    if p.get("recipe") is not None and _fp8_reason(nvidia):
+        return _fp8_reason(nvidia)
     if p["alibi"]:
         return ("AITER 0.1.7's flash_attn_fused_backward takes alibi_slopes but never passes "
                 "them to its kernels: the gradients would ignore the ALiBi bias")
@@ -122,12 +155,13 @@ def reason(p) -> str | None:
 
 
 def run(do, q, k, v, o, lse, *, scale: float, causal: bool, cu_q, cu_k, max_q: int,
-        max_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        max_k: int, **descales) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in fp32 of AITER's fused backward on bshd / thd tensors (head dims
-    already padded) and AITER's lse layout."""
+    already padded) and AITER's lse layout; ``descales``: FP8's descale_q / _k / _v / _do."""
     dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device)
                   for t in (q, k, v))
     kernels().functions[FUSED_BWD](
         do, q, k, v, o, lse, dq, dk, dv, None, scale, None, causal, cu_q, cu_k,
-        max_seqlen_q=max_q, max_seqlen_k=max_k, dropout_p=0.0, USE_INT64_STRIDES=True)
+        max_seqlen_q=max_q, max_seqlen_k=max_k, dropout_p=0.0, USE_INT64_STRIDES=True,
+        **descales)
     return dq, dk, dv
