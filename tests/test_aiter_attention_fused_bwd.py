@@ -69,6 +69,19 @@ def test_the_environment_variable_selects_at_call_time_and_a_bad_value_is_named(
         FB.fused_selected()
 
 
+def test_with_no_gpu_the_loader_answers_the_wrappers_own_sm_count_query(at):
+    """flash_attn_fused_backward asks torch.cuda for the SM count itself (a launch constant
+    its kernels do not use): without the loader's answer it raises on a CPU-only torch."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU answers it")
+    from tealite.backends.aiter_common import loader
+    fake_torch = at.functions[FB.FUSED_BWD].__globals__["torch"]
+    props = fake_torch.cuda.get_device_properties("cuda")
+    assert props.multi_processor_count == loader.INTERPRETER_NUM_SMS
+    assert fake_torch.float32 is torch.float32  # everything else is torch's
+    assert any(FB.FUSED_BWD in n and "SM count" in n for n in at.notes)
+
+
 CASES = {
     # d 20 / 24: not powers of 2 (the one-kernel backward refuses them; the fused masks)
     "bshd-gqa-causal-br": make_case("bshd", "causal_bottom_right", "float32", sq=9, sk=13,
