@@ -8,7 +8,7 @@ from tealite import registry
 from tealite.backends.aiter_common import contracts as aiter_contracts
 from tealite_verify.fuzz import versions
 from tealite_verify.gate import interpreter_gaps, observe
-from tealite_verify.gate.caseset import aiter_backends, select
+from tealite_verify.gate.caseset import aiter_backends, select, switch_context
 from tealite_verify.gate.record import aggregate, case_record
 from tealite_verify.runner import run_case
 from tealite_verify.specs import all_specs, get_spec
@@ -111,18 +111,22 @@ def capture(*, ops: list[str] | None = None, device: str = "cpu", seed: int = 0,
             continue  # recorded in "backends" with the reason
         for sel in select(specs, backend, peers=list(peers), device=device, seed=seed,
                           per_key=per_key, per_op=per_op, draws=draws):
-            records.append(case_record(len(records), sel.op, backend, sel.key, sel.report))
+            records.append(case_record(len(records), sel.op, backend, sel.key, sel.report,
+                                       sel.switch))
             if progress:
                 progress(records[-1])
     return _document(records, settings, device)
 
 
 def _error_record(old: dict, exc: Exception) -> dict:
-    return {"index": old["index"], "op": old["op"], "backend": old["backend"],
-            "key": old["key"], "case": old["case"], "status": "error",
-            "reason": f"harness: {type(exc).__name__}: {exc}", "entry_point": None,
-            "verdict": "error", "peers": {}, "max_ratio": 0.0, "max_abs_err": 0.0,
-            "mismatches": 0, "excused": 0, "failures": []}
+    rec = {"index": old["index"], "op": old["op"], "backend": old["backend"],
+           "key": old["key"], "case": old["case"], "status": "error",
+           "reason": f"harness: {type(exc).__name__}: {exc}", "entry_point": None,
+           "verdict": "error", "peers": {}, "max_ratio": 0.0, "max_abs_err": 0.0,
+           "mismatches": 0, "excused": 0, "failures": []}
+    if old.get("switch") is not None:
+        rec["switch"] = old["switch"]
+    return rec
 
 
 def rerun(baseline: dict, *, device: str | None = None, progress=None) -> dict:
@@ -139,9 +143,11 @@ def rerun(baseline: dict, *, device: str | None = None, progress=None) -> dict:
     for old in baseline["cases"]:
         try:
             spec = get_spec(old["op"])
-            rep = run_case(spec, old["case"], backends=[old["backend"]] + peers,
-                           device=device)
-            rec = case_record(old["index"], old["op"], old["backend"], old["key"], rep)
+            with switch_context(old.get("switch")):
+                rep = run_case(spec, old["case"], backends=[old["backend"]] + peers,
+                               device=device)
+            rec = case_record(old["index"], old["op"], old["backend"], old["key"], rep,
+                              old.get("switch"))
         except Exception as exc:  # the harness's own failure on this case: exit-2 class
             rec = _error_record(old, exc)
         records.append(rec)

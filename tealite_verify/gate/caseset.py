@@ -12,11 +12,19 @@ variant the backend refuses (e.g. NaN for an entry point that declares none), or
 tier cannot judge at capture (it would fail in the baseline and so see no change), is dropped
 and that field is left to the probes (:mod:`observe`); :func:`exercised` says per entry point
 which classes its kept cases hold and which contract fields those exercise.
+
+An entry point that no case field reaches, only a backend's switch (AITER's fused attention
+backward: ``aiter_triton``'s ``BWD_KERNEL``), is in the set through :data:`SWITCHES`: the
+op's selection (draws and edge variants) is made once more under the switch, keeping what
+runs there, and each record names the switch (``"switch"``) so that a compare re-runs it
+the same way.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 from tealite import registry
 from tealite_verify import coverage
@@ -43,6 +51,30 @@ EDGE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 _DIST_EDGE = {"quant_edges": "ties", "integers": "ties", "specials": "nonfinite",
               "zero_rows": "zero-rows", "tiny": "subnormal"}
+
+
+def _aiter_fused_attention_bwd() -> ContextManager:
+    from tealite.backends.aiter_triton import attention_fused_bwd as fb
+    return fb.BWD_KERNEL.override(kernel=fb.BwdKernel.FUSED)
+
+
+# (op, backend) -> {switch name: a context manager factory that selects it}.
+SWITCHES: dict[tuple[str, str], dict[str, Callable[[], ContextManager]]] = {
+    ("attention_bwd", "aiter_triton"): {"fused-bwd": _aiter_fused_attention_bwd},
+    # FP8: refused in the interpreter (its fp8 cast), so records come from compiled captures
+    ("attention_bwd_fp8", "aiter_triton"): {"fused-bwd": _aiter_fused_attention_bwd},
+}
+
+
+def switch_context(name: str | None) -> ContextManager:
+    """The context a record's ``switch`` names (none: a null context)."""
+    if name is None:
+        return contextlib.nullcontext()
+    for table in SWITCHES.values():
+        if name in table:
+            return table[name]()
+    raise ValueError(f"gate record names an unknown switch {name!r}; known: "
+                     f"{sorted(n for t in SWITCHES.values() for n in t)}")
 
 
 def aiter_backends() -> list[str]:
@@ -146,6 +178,7 @@ class Selected:
     case: dict
     key: str
     report: CaseReport
+    switch: str | None = None
 
 
 def _run(spec, case, backend, peers, device) -> CaseReport | None:
@@ -159,37 +192,49 @@ def select(specs: dict[str, OpSpec], backend: str, *, peers: list[str], device: 
            seed: int, per_key: int, per_op: int, draws: int, size: str = "ci"):
     """Yield :class:`Selected` cases (run once while selecting; the capture keeps the run):
     up to ``per_op`` drawn / smoke cases per op, then each entry point's first case under
-    every edge class."""
+    every edge class; then the same selection under each of the op's :data:`SWITCHES`."""
     impls = registry.get_backend(backend).impls
     for op, spec in specs.items():
         if op not in impls:
             continue
-        kept: dict[str, int] = {}
-        n_op = 0
-        seen: set[str] = set()
-        first_per_entry: dict[str, dict] = {}
-        for case in list(spec.smoke_cases) + draw_cases(spec, None, draws, size, seed):
-            if n_op >= per_op:
-                break
-            text = json.dumps(case, sort_keys=True)
-            key = key_of(op, backend, case)
-            if text in seen or kept.get(key, 0) >= per_key:
+        args = (op, spec, backend, peers, device, seed, per_op, per_key, draws, size)
+        yield from _select_op(*args)
+        for switch, enter in SWITCHES.get((op, backend), {}).items():
+            with enter():  # the whole selection under the switch: what it runs is kept
+                selected = list(_select_op(*args))
+            for sel in selected:
+                yield Selected(op, backend, sel.case, f"{sel.key} | switch {switch}",
+                               sel.report, switch)
+
+
+def _select_op(op, spec, backend, peers, device, seed, per_op, per_key, draws, size):
+    """The kept cases of one op (see :func:`select`), before any switch."""
+    kept: dict[str, int] = {}
+    n_op = 0
+    seen: set[str] = set()
+    first_per_entry: dict[str, dict] = {}
+    for case in list(spec.smoke_cases) + draw_cases(spec, None, draws, size, seed):
+        if n_op >= per_op:
+            break
+        text = json.dumps(case, sort_keys=True)
+        key = key_of(op, backend, case)
+        if text in seen or kept.get(key, 0) >= per_key:
+            continue
+        seen.add(text)
+        rep = _run(spec, case, backend, peers, device)
+        if rep is None:
+            continue
+        kept[key] = kept.get(key, 0) + 1
+        n_op += 1
+        ep = rep.outcomes[backend].numerics.entry_point
+        if ep and shape_class(case) != "empty":
+            first_per_entry.setdefault(ep, case)
+        yield Selected(op, backend, case, key, rep)
+    for ep, case in first_per_entry.items():
+        for edge, variant in edge_variants(case):
+            rep = _run(spec, variant, backend, peers, device)
+            if rep is None or rep.outcomes[backend].numerics.entry_point != ep \
+                    or not all(c.metrics.passed for c in rep.comparisons):
                 continue
-            seen.add(text)
-            rep = _run(spec, case, backend, peers, device)
-            if rep is None:
-                continue
-            kept[key] = kept.get(key, 0) + 1
-            n_op += 1
-            ep = rep.outcomes[backend].numerics.entry_point
-            if ep and shape_class(case) != "empty":
-                first_per_entry.setdefault(ep, case)
-            yield Selected(op, backend, case, key, rep)
-        for ep, case in first_per_entry.items():
-            for edge, variant in edge_variants(case):
-                rep = _run(spec, variant, backend, peers, device)
-                if rep is None or rep.outcomes[backend].numerics.entry_point != ep \
-                        or not all(c.metrics.passed for c in rep.comparisons):
-                    continue
-                yield Selected(op, backend, variant, f"{key_of(op, backend, variant)} | "
-                                                     f"edge {edge}", rep)
+            yield Selected(op, backend, variant, f"{key_of(op, backend, variant)} | "
+                                                 f"edge {edge}", rep)

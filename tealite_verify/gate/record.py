@@ -24,13 +24,18 @@ def unnum(x) -> float:
     return float(x)  # float("inf") / float("nan") parse the strings back
 
 
-def case_record(index: int, op: str, backend: str, key: str, rep: CaseReport) -> dict:
+def case_record(index: int, op: str, backend: str, key: str, rep: CaseReport,
+                switch: str | None = None) -> dict:
+    """``switch``: the backend switch the case ran under (caseset.SWITCHES), kept only when
+    given (records without one stay as they were)."""
     o = rep.outcomes[backend]
     rec = {"index": index, "op": op, "backend": backend, "key": key, "case": rep.case,
            "status": o.status, "reason": o.reason,
            "entry_point": o.numerics.entry_point, "verdict": "n/a", "peers": {},
            "max_ratio": 0.0, "max_abs_err": 0.0, "mismatches": 0, "excused": 0,
            "failures": []}
+    if switch is not None:
+        rec["switch"] = switch
     if o.status == "error":
         rec["verdict"] = "error"
     if o.status != "ok":

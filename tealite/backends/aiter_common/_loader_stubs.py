@@ -155,6 +155,20 @@ class TorchAllocatingOnCpu:
         return self._torch.empty(*args, **kwargs)
 
 
+class TorchReportingSms:
+    """``torch`` for a module that reads the SM count itself
+    (``torch.cuda.get_device_properties("cuda").multi_processor_count``): with no GPU, that
+    call answers ``num_sms`` (every other attribute is torch's)."""
+
+    def __init__(self, torch_module, num_sms: int):
+        self._torch = torch_module
+        self.cuda = types.SimpleNamespace(get_device_properties=lambda *_a, **_k:
+                                          types.SimpleNamespace(multi_processor_count=num_sms))
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+
 @contextlib.contextmanager
 def lenient_autotune_keys(dropped: list[str]):
     """``triton.autotune`` drops ``key`` names that are not arguments of the kernel for the

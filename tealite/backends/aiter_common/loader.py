@@ -50,6 +50,9 @@ Why each step (measured facts in NUMERICS.md; AITER versions named where behavio
    (:mod:`tealite.backends.aiter_common._loader_launch`).
 6. With no GPU, ``_rmsnorm_backward`` allocates its dgamma workspace with ``device="cuda"``
    written out: in that module only, ``torch.empty(..., device="cuda")`` allocates on the CPU.
+   Likewise ``flash_attn_fused_backward`` reads the SM count from
+   ``torch.cuda.get_device_properties`` itself (a launch constant its kernels do not use):
+   in that module only, the call answers :data:`INTERPRETER_NUM_SMS`.
 7. Autotune keys that name no kernel argument are dropped while AITER imports
    (:func:`~tealite.backends.aiter_common._loader_stubs.lenient_autotune_keys`): Triton 3.9
    rejects them, earlier Triton ignored them; AITER 0.1.7's flash-attention modules have some.
@@ -98,6 +101,8 @@ _TORCH_GUARD = f"{PACKAGE}.jit.utils.torch_guard"
 _DTYPES = f"{PACKAGE}.utility.dtypes"
 # Entry points whose module allocates with device="cuda" written out (step 6).
 _CUDA_BY_NAME = ("_rmsnorm_backward",)
+# Entry points whose module asks torch.cuda for the SM count itself (step 6).
+_SMS_BY_NAME = ("flash_attn_fused_backward",)
 
 # Kept for callers and tests of the earlier single-module loader.
 _innermost_kernel = innermost_kernel
@@ -294,13 +299,19 @@ def _stub_num_sms() -> None:
 
 
 def _allocate_on_cpu(result: AiterTriton) -> list[str]:
-    """Patch the modules of :data:`_CUDA_BY_NAME` entry points; returns those patched."""
+    """Patch the modules of the :data:`_CUDA_BY_NAME` and :data:`_SMS_BY_NAME` entry points
+    (step 6); returns those patched."""
     import torch
     patched = []
     for name in _CUDA_BY_NAME:
         namespace = getattr(result.functions.get(name), "__globals__", {})
         if namespace.get("torch") is torch:
             namespace["torch"] = stubs.TorchAllocatingOnCpu(torch)
+            patched.append(name)
+    for name in _SMS_BY_NAME:
+        namespace = getattr(result.functions.get(name), "__globals__", {})
+        if namespace.get("torch") is torch:
+            namespace["torch"] = stubs.TorchReportingSms(torch, INTERPRETER_NUM_SMS)
             patched.append(name)
     return patched
 
@@ -404,7 +415,10 @@ def _post_load(result: AiterTriton, shell: bool, rocm: bool) -> None:
             result.notes.append(f"no GPU: get_num_sms() returns {INTERPRETER_NUM_SMS}")
     if shell and not gpu:
         for name in _allocate_on_cpu(result):
-            result.notes.append(f"no GPU: {name}'s device='cuda' allocations go to the CPU")
+            result.notes.append(f"no GPU: {name}'s device='cuda' allocations go to the CPU"
+                                if name in _CUDA_BY_NAME else
+                                f"no GPU: {name}'s torch.cuda SM count is "
+                                f"{INTERPRETER_NUM_SMS}")
     drop = () if rocm else AMD_ONLY_LAUNCH_OPTIONS
     try:
         wrapped, interpreted = wrap_all_kernels(_aiter_modules(), drop)

@@ -5,7 +5,9 @@ Entry points: the public ``flash_attn_func`` (bshd; sbhd passed as its strided b
 kernel reads every stride) and ``flash_attn_varlen_func`` (thd), both with
 ``return_lse=True``; backward ``flash_attn_onekernel_backward``, the kernel their autograd
 Functions call by default (``mha_set_use_fused_bwd_kernel(False)``), called directly with the
-caller's out and lse (the autograd path would recompute the forward).  The autograd's one
+caller's out and lse (the autograd path would recompute the forward); or, selected per call,
+the fused backward ``flash_attn_fused_backward`` (:mod:`.attention_fused_bwd`: its semantics,
+refusals and the switch).  The autograd's one
 adapter step is repeated here: head dims not a multiple of 8 are zero-padded to one before
 the backward kernel (its forward pads the same way inside ``flash_attn_func``), and the
 gradients are sliced back.  ALiBi slopes of shape (h_q,) are passed as a stride-0 (b, h_q)
@@ -77,6 +79,7 @@ from tealite.attention_types import (BOTTOM_RIGHT_MASKS, CAUSAL_MASKS, PADDING_M
 from tealite.backends.aiter_common.contracts import Contract, declare
 from tealite.backends.aiter_triton import (BACKEND, DEVICES, INTERPRET, PLATFORM, NAME,
                                            fp8_platform_reason, kernels, why_missing)
+from tealite.backends.aiter_triton import attention_fused_bwd as fused_bwd
 from tealite.backends.aiter_triton.gemm import TENSOR_CORE_U
 from tealite.backends.aiter_triton.norms import interpreter_bf16_reason
 from tealite.backends.aiter_triton.qgemm import _FP8_MMA_U as FP8_MMA_U
@@ -220,6 +223,13 @@ EMPTY_ROW = ("AITER's Triton mha writes lse = 0 for a query row that sees no key
 
 def _check_for(backward: bool):
     def check(p) -> str | None:
+        if backward and fused_bwd.fused_selected():
+            nvidia = not INTERPRET and PLATFORM.get().nvidia
+            why = (_semantics_reason(p) or interpreter_bf16_reason(p["dtype"])
+                   or fused_bwd.reason(p, nvidia=nvidia))
+            if why is None and p.get("recipe") is not None:
+                return _recipe_reason(p, fused_bwd.FUSED_BWD)
+            return why
         why = (_semantics_reason(p) or _head_dim_reason(p, backward)
                or interpreter_bf16_reason(p["dtype"]))
         if why is not None:
@@ -246,7 +256,9 @@ def _numerics(backward: bool):
         nvidia = not INTERPRET and PLATFORM.get().nvidia
         entry = BWD if backward else (FWD_VARLEN if p["layout"] == "thd" else FWD)
         fp8 = p.get("recipe") is not None
-        if fp8:
+        if backward and fused_bwd.fused_selected():  # the same roundings (its module doc)
+            entry = fused_bwd.FUSED_BWD_FP8 if fp8 else fused_bwd.FUSED_BWD
+        elif fp8:
             entry = BWD_FP8 if backward else FWD_FP8
         out = {"compute_dtype": torch.float32, "entry_point": entry,
                "exp_ulps": _EXP_ULPS_INTERPRETER if INTERPRET else _EXP_ULPS_GPU,
@@ -410,12 +422,17 @@ def _fp8_backward(dout, q, k, v, out, lse, config: AttentionConfig):
     hq, hk = q.shape[-2], k.shape[-2]
     descale = {f"descale_{n}": s.reshape(1, 1).expand(batch, h).contiguous()
                for n, s, h in (("q", s_q, hq), ("k", s_k, hk), ("v", s_v, hk), ("do", s_do, hq))}
-    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device)
-                  for t in (q_, k_, v_))
-    _kernels().flash_attn_onekernel_backward(
-        do8, q8, k8, v8, o_, lse_k, dq, dk, dv, None, config.softmax_scale,
-        _alibi(config, batch), config.causal, cu_q, cu_k, max_seqlen_q=max_q,
-        max_seqlen_k=max_k, dropout_p=0.0, USE_INT64_STRIDES=True, **descale)
+    if fused_bwd.fused_selected():
+        dq, dk, dv = fused_bwd.run(do8, q8, k8, v8, o_, lse_k, scale=config.softmax_scale,
+                                   causal=config.causal, cu_q=cu_q, cu_k=cu_k, max_q=max_q,
+                                   max_k=max_k, **descale)
+    else:
+        dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+                      for t in (q_, k_, v_))
+        _kernels().flash_attn_onekernel_backward(
+            do8, q8, k8, v8, o_, lse_k, dq, dk, dv, None, config.softmax_scale,
+            _alibi(config, batch), config.causal, cu_q, cu_k, max_seqlen_q=max_q,
+            max_seqlen_k=max_k, dropout_p=0.0, USE_INT64_STRIDES=True, **descale)
     # fp32 gradients: the contract's dtype, one rounding each
     return tuple(_bshd(g[..., :t.shape[-1]], layout).to(t.dtype).contiguous()
                  for g, t in ((dq, q), (dk, k), (dv, v)))
@@ -445,6 +462,13 @@ def attention_bwd(dout, q, k, v, out, lse, config: AttentionConfig):
     batch, max_q, max_k, cu_q, cu_k, lse_k = _bwd_geometry(q, k, lse, config)
     # The autograd Functions' step: head dims padded to a multiple of 8 (zeros change no dot).
     do_, q_, k_, v_, o_ = (_pad_head(_bshd(t, layout)) for t in (dout, q, k, v, out))
+    if fused_bwd.fused_selected():
+        grads = fused_bwd.run(do_, q_, k_, v_, o_, lse_k, scale=config.softmax_scale,
+                              causal=config.causal, cu_q=cu_q, cu_k=cu_k, max_q=max_q,
+                              max_k=max_k)
+        # fp32 gradients: one rounding each to the input dtype
+        return tuple(_bshd(g[..., :t.shape[-1]], layout).to(t.dtype).contiguous()
+                     for g, t in zip(grads, (q, k, v)))
     dq, dk, dv = torch.zeros_like(q_), torch.empty_like(k_), torch.empty_like(v_)
     _kernels().flash_attn_onekernel_backward(
         do_, q_, k_, v_, o_, lse_k, dq, dk, dv, None, config.softmax_scale,
