@@ -233,3 +233,23 @@ def test_aiter_nan_padding_needs_its_declaration(make_backend):
     b = make_backend("aiter_add_rms_undeclared")
     b.implements(OP, numerics={"compute_dtype": torch.float32})(good.fn)
     assert _failed_outputs(CASES[4], b.name) == {"y_pad"}
+
+
+@_available("aiter_triton")
+def test_aiter_no_residual_runs_only_because_the_loader_leaves_assumes_unchecked(monkeypatch):
+    """Without a residual AITER passes residual strides 0 against its kernel's
+    ``tl.assume(res_stride_m > 0)``: checked, the interpreter raises "Assume failed"; the
+    loader leaves AITER's assumes unchecked (the residual is then never read), so the case
+    runs and matches torch."""
+    import contextlib
+    from tealite.backends.aiter_common import _loader_launch
+    from tealite.backends.aiter_triton import INTERPRET, kernels
+    if not INTERPRET:
+        pytest.skip("the interpreter's assume check")
+    x, w = torch.randn(3, 8), torch.ones(8)
+    run = kernels().functions["fused_add_rmsnorm_pad"]
+    assert run(x, w, 1e-5, None, 0).shape == (3, 8)
+    monkeypatch.setattr(_loader_launch, "interpreter_assume_unchecked", contextlib.nullcontext)
+    assert run(x, w, 1e-5, x.clone(), 0)[0].shape == (3, 8)  # strides > 0: the assume holds
+    with pytest.raises(Exception, match="Assume failed"):
+        run(x, w, 1e-5, None, 0)
