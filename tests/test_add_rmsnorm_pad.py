@@ -101,6 +101,12 @@ def test_round_once_is_a_single_rounding_where_a_cast_through_float32_is_two():
     assert float(ref.round_once(np.array(v), "bfloat16")) == 1.0078125
     assert float(ref.round_once(np.array(-v), "float16")) == float(np.float16(-v))
     assert np.isinf(ref.round_once(np.array([1e300]), "bfloat16")).all()
+    # Why the front end refuses a bf16 residual with float32 x: two float32 operands added
+    # in float32, then rounded to bf16, are not correctly rounded (the spec's exact tier for
+    # residual_out would not hold).
+    a, b = torch.tensor(1.0), torch.tensor(2.0**-8 + 2.0**-30)
+    assert float((a + b).to(torch.bfloat16)) == 1.0
+    assert float(ref.round_once(np.array(1.0 + 2.0**-8 + 2.0**-30), "bfloat16")) == 1.0078125
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

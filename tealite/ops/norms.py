@@ -144,6 +144,8 @@ def add_rmsnorm_pad(x, weight, *, eps: float = 1e-5, residual=None, pad_to_multi
     require(x.shape[-1] > 0, f"x's last (normalized) dim must be > 0, got shape {tuple(x.shape)}")
     tensors = {"x": x, "weight": weight}
     if residual is not None:
+        # x's dtype or float32: then residual_out (fp32 sum, one rounding to the residual's
+        # dtype) is the correctly rounded sum; a bf16 residual with float32 x would round twice.
         check_tensor("residual", residual, dtypes=(x.dtype, torch.float32))
         check_shape("residual", residual, x.shape, "same as x")
         tensors["residual"] = residual
