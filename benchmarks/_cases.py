@@ -145,6 +145,12 @@ def norm_bytes(kind: str, rows: int, hidden: int, itemsize: int) -> int:
     return 2 * itemsize * rows * hidden + weights * itemsize * hidden + stats * 4 * rows
 
 
+def add_rmsnorm_pad_bytes(rows: int, hidden: int, hidden_out: int, itemsize: int) -> int:
+    """x and the residual read, y (padded) and residual_out written, the weight read (no
+    statistics)."""
+    return itemsize * (3 * rows * hidden + rows * hidden_out + hidden)
+
+
 def gemm_flops(m: int, n: int, k: int) -> int:
     return 2 * m * n * k
 

@@ -69,6 +69,23 @@ def test_norm_fwd(bench, x, weights, copy_reference, kind, backend):
               target_pct=NORM if backend == "triton" else None)
 
 
+ADD_PAD = 256  # pads a hidden size that is not a multiple of 256 (a multiple: no padding)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_add_rmsnorm_pad(bench, x, weights, copy_reference, backend):
+    """Fused residual add + RMSNorm + hidden padding (issue 17; AITER's row below)."""
+    g, _ = weights
+    m, h = x.shape
+    res = _bf16_randn((m, h), x.device, 4)
+    h_out = -(-h // ADD_PAD) * ADD_PAD
+    bench.run(lambda: tealite.add_rmsnorm_pad(x, g, eps=1e-5, residual=res,
+                                              pad_to_multiple=ADD_PAD, backend=backend),
+              group="norm", kernel=f"add_rmsnorm_pad (pad to {ADD_PAD})", backend=backend,
+              shape=x.shape, dtype=x.dtype, reference=copy_reference,
+              nbytes=C.add_rmsnorm_pad_bytes(m, h, h_out, x.element_size()))
+
+
 # ---- AITER's Triton kernels (loaded without ROCm), same shapes --------------------------
 
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
@@ -82,6 +99,18 @@ def test_norm_fwd_aiter(bench, aiter, x, weights, copy_reference, kind):
     bench.run(fn, group="norm", kernel=f"{kind}_fwd", backend=f"aiter {name}", shape=x.shape,
               dtype=x.dtype, nbytes=C.norm_bytes(kind, m, h, x.element_size()),
               reference=copy_reference, foreign=True)
+
+
+def test_add_rmsnorm_pad_aiter(bench, aiter, x, weights, copy_reference):
+    g, _ = weights
+    m, h = x.shape
+    need_aiter(aiter, "fused_add_rmsnorm_pad")
+    res = _bf16_randn((m, h), x.device, 4)
+    h_out = -(-h // ADD_PAD) * ADD_PAD
+    bench.run(lambda: aiter.fused_add_rmsnorm_pad(x, g, 1e-5, res, ADD_PAD), group="norm",
+              kernel=f"add_rmsnorm_pad (pad to {ADD_PAD})", backend="aiter fused_add_rmsnorm_pad",
+              shape=x.shape, dtype=x.dtype, reference=copy_reference, foreign=True,
+              nbytes=C.add_rmsnorm_pad_bytes(m, h, h_out, x.element_size()))
 
 
 def test_quantize_mxfp4_aiter(bench, aiter, x, copy_reference):

@@ -11,7 +11,8 @@ from tealite.ops.grouped_quantize import grouped_quantize
 from tealite.moe_types import GroupedQuantized
 from tealite.ops.layouts import (shuffle_e8m0_scales, shuffle_weight, unshuffle_e8m0_scales,
                                  unshuffle_weight)
-from tealite.ops.norms import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from tealite.ops.norms import (AddRMSNormPad, add_rmsnorm_pad, layernorm_bwd, layernorm_fwd,
+                               rmsnorm_bwd, rmsnorm_fwd)
 from tealite.ops.qgemm import QGemmOutput, qgemm
 from tealite.ops.moe_ffn import moe_ffn_fwd
 from tealite.ops.multi_tensor import (multi_tensor_adam, multi_tensor_compute_scale,
@@ -55,4 +56,5 @@ __all__ = [
     "multi_tensor_scale", "multi_tensor_l2norm", "multi_tensor_unscale_l2norm",
     "multi_tensor_adam", "multi_tensor_sgd", "multi_tensor_compute_scale",
     "delayed_scaling_update_bulk", "transpose", "fp8_transpose",
+    "add_rmsnorm_pad", "AddRMSNormPad",
 ]

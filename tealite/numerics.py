@@ -129,6 +129,12 @@ class Numerics:
     # one rounding (the harness's bound: tealite_verify/tiers/moe_layer.py).
     moe_merge: MoEMerge | None = None
 
+    # --- add_rmsnorm_pad (tealite/ops/norms.py) -----------------------------------------
+    # the padded output columns of a row holding a NaN are NaN: the kernel computes them as
+    # 0 * rsigma * 0 with rsigma NaN (AITER's fused_add_rmsnorm_pad); default False: every
+    # padded column is exactly 0.
+    pad_nan_rows: bool = False
+
     def __post_init__(self):
         if self.mma_restart_k is not None and (not isinstance(self.mma_restart_k, int)
                                                or self.mma_restart_k < 1):

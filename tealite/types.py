@@ -84,6 +84,9 @@ class Op(str, enum.Enum):
     DROPOUT_FWD = "dropout_fwd"
     DROPOUT_BWD = "dropout_bwd"
     TRANSPOSE = "transpose"
+    # x (+ residual) -> RMSNorm, the output's hidden dim zero-padded (AITER's
+    # fused_add_rmsnorm_pad; semantics in tealite/ops/norms.py).
+    ADD_RMSNORM_PAD = "add_rmsnorm_pad"
     # The expert FFN forward with the routing folded in (fc1 -> gated act -> fc2 -> weighted
     # sum of a token's k rows): the op AITER's fused MoE kernels implement.
     MOE_FFN_FWD = "moe_ffn_fwd"

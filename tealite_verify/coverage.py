@@ -31,7 +31,8 @@ RECIPE_KEYS = ("recipe", "recipe_a", "recipe_b")
 LAYOUT_KEYS = ("layout", "kind", "out_dtype", "bias", "gelu", "zero_centered_gamma",
                "weight_dtype", "algo", "newest", "fmt", "wdtype", "pad", "return_amax",
                "tensor_format", "interleaved", "cp_size", "mask", "map_type", "slot_order",
-               "p")  # p: dropout's drop probability (0 and 1 are cells of their own)
+               "p",  # p: dropout's drop probability (0 and 1 are cells of their own)
+               "residual_dtype", "pad_to_multiple")  # add_rmsnorm_pad
 BLOCK = 32  # the MX block, and the granularity of the block edge classes
 
 # Edge classes (the issue-13 list).  Shape classes first, then value classes.

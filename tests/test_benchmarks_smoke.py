@@ -127,6 +127,15 @@ def test_norm_bytes_match_the_op(kind):
     assert C.norm_bytes(kind, 7, 96, 2) == actual
 
 
+def test_add_rmsnorm_pad_bytes_match_the_op():
+    x, res, g = torch.randn(7, 90).bfloat16(), torch.randn(7, 90).bfloat16(), \
+        torch.randn(90).bfloat16()
+    r = tealite.add_rmsnorm_pad(x, g, eps=1e-5, residual=res, pad_to_multiple=32,
+                                backend="torch")
+    actual = x.nbytes + res.nbytes + g.nbytes + r.y.nbytes + r.residual_out.nbytes
+    assert C.add_rmsnorm_pad_bytes(7, 90, r.y.shape[-1], 2) == actual
+
+
 def test_multi_tensor_adam_bytes_match_the_op():
     """adam_bytes counts every tensor the op reads or writes once."""
     from benchmarks.test_bench_multi_tensor import adam_bytes

@@ -10,6 +10,15 @@ Shapes: ``x`` is (..., H); ``gamma``/``beta`` are (H,) in x's dtype or float32. 
 weight is ``g = 1 + gamma`` (TE's option for weight decay that pulls toward identity);
 otherwise ``g = gamma``.  Backward returns ``dx`` in x's dtype and ``dgamma`` (and ``dbeta``)
 in gamma's dtype, summed over all leading dims.
+
+Fused add + RMSNorm + pad (AITER's ``fused_add_rmsnorm_pad``; forward only, no statistics):
+
+    r = x + residual (fp32; r = x without a residual)
+    y = r * rsqrt(mean(r^2) + eps) * weight            rounded to x's dtype
+    residual_out = r                                   rounded to residual's dtype
+
+``y`` has shape (..., H_out), H_out = H rounded up to a multiple of ``pad_to_multiple``
+(0: no padding, H_out = H); the columns H..H_out are 0.  The mean is over the H real columns.
 """
 from __future__ import annotations
 
@@ -43,6 +52,11 @@ class RMSNormFwd(NamedTuple):
 class RMSNormBwd(NamedTuple):
     dx: torch.Tensor
     dgamma: torch.Tensor
+
+
+class AddRMSNormPad(NamedTuple):
+    y: torch.Tensor
+    residual_out: torch.Tensor | None  # None when no residual was given
 
 
 def _check_weight(name: str, w: torch.Tensor, x: torch.Tensor) -> None:
@@ -112,4 +126,39 @@ def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma: bool = False,
     return RMSNormBwd(*impl.fn(dy, x, rsigma, gamma, zero_centered_gamma=zero_centered_gamma))
 
 
-__all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"]
+def padded_hidden(hidden: int, pad_to_multiple: int) -> int:
+    """H_out: ``hidden`` rounded up to a multiple of ``pad_to_multiple`` (0: unchanged)."""
+    if pad_to_multiple == 0:
+        return hidden
+    return -(-hidden // pad_to_multiple) * pad_to_multiple
+
+
+def add_rmsnorm_pad(x, weight, *, eps: float = 1e-5, residual=None, pad_to_multiple: int = 0,
+                    backend: str | None = None) -> AddRMSNormPad:
+    check_tensor("x", x, min_ndim=1)
+    _check_weight("weight", weight, x)
+    eps = check_finite_number("eps", eps, positive=True)
+    require(isinstance(pad_to_multiple, int) and not isinstance(pad_to_multiple, bool)
+            and pad_to_multiple >= 0,
+            f"pad_to_multiple must be an int >= 0 (0: no padding), got {pad_to_multiple!r}")
+    require(x.shape[-1] > 0, f"x's last (normalized) dim must be > 0, got shape {tuple(x.shape)}")
+    tensors = {"x": x, "weight": weight}
+    if residual is not None:
+        # x's dtype or float32: then residual_out (fp32 sum, one rounding to the residual's
+        # dtype) is the correctly rounded sum; a bf16 residual with float32 x would round twice.
+        check_tensor("residual", residual, dtypes=(x.dtype, torch.float32))
+        check_shape("residual", residual, x.shape, "same as x")
+        tensors["residual"] = residual
+    device = check_same_device(**tensors)
+    hidden = x.shape[-1]
+    params = dict(dtype=x.dtype, weight_dtype=weight.dtype, rows=x.numel() // hidden,
+                  hidden=hidden, hidden_out=padded_hidden(hidden, pad_to_multiple),
+                  residual_dtype=None if residual is None else residual.dtype,
+                  device=registry.device_kind(device))
+    impl = registry.dispatch(Op.ADD_RMSNORM_PAD, params, backend)
+    return AddRMSNormPad(*impl.fn(x, weight, eps=eps, residual=residual,
+                                  pad_to_multiple=pad_to_multiple,
+                                  hidden_out=params["hidden_out"]))
+
+
+__all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_pad"]

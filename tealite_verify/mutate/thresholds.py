@@ -160,6 +160,7 @@ TARGETS: dict[str, tuple[Callable, str]] = {
     "delayed_scaling_update_bulk": (lambda r, k: type(r)(
         r.amax_histories, [move_tensor(r.scales[0], k)] + list(r.scales[1:])), "s0"),
     "transpose": (lambda r, k: move_tensor(r, k), "y"),
+    "add_rmsnorm_pad": _at(0, "y"),
 }
 
 

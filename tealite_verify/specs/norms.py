@@ -1,4 +1,4 @@
-"""Specs for LayerNorm / RMSNorm forward and backward.
+"""Specs for LayerNorm / RMSNorm forward and backward, and the fused add + RMSNorm + pad.
 
 Tolerances follow a first-order running-error analysis of the textbook fp32 algorithm
 (mean, centered variance, rsqrt, scale): every bound is ``coefficient * magnitude`` where the
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 
 import tealite
+from tealite.ops.norms import padded_hidden
 from tealite.types import Op
 from tealite_verify import coverage as cov
 from tealite_verify.references import norms as ref
@@ -25,7 +27,8 @@ from tealite_verify.strategies.values import distributions, seeds
 from tealite_verify.tensors import dtype_of, generate
 from tealite_verify.tiers import primitives as fp
 from tealite_verify.tiers import ulp
-from tealite_verify.tiers.metrics import Tier
+from tealite_verify.tiers.exact import compare_exact
+from tealite_verify.tiers.metrics import Tier, combine_pair
 
 _LIMITS = {"ci": (24, 320), "local": (128, 2048), "large": (4096, 8192)}
 SAFETY = 2.0
@@ -285,3 +288,148 @@ for _name, _rms, _bwd, _ref, _call in (
                     reference=_ref, device_reference=True,
                     smoke_cases=tuple(dict(c, offset=0.0) if not _rms else c for c in _SMOKE),
                     coverage=_COVERAGE))
+
+
+
+# ---- fused add + RMSNorm + pad -----------------------------------------------------------
+#
+# y: the RMSNorm bound above applied to r = x + residual, plus the fp32 add's rounding of
+# each r_i (relative u: u on y directly, 2u on mean(r^2), so u on rsigma).  The padded
+# columns are judged exactly: 0, or NaN in a row holding a NaN where the backend declares
+# ``pad_nan_rows`` (it computes them as 0 * rsigma * 0).
+#
+# residual_out = round_R(fl32(x + residual)), R the residual's dtype: exact against the
+# correctly rounded sum (references.norms.round_once).  With R = float32 there is one
+# rounding.  With R = bf16 / fp16 the residual, and so x (the front end allows a residual in
+# x's dtype or float32), are bf16 / fp16: a sum of two p-bit numbers (p = 8 / 11) rounded
+# to float32 (24 bits >= 2p + 2) and then to p bits is correctly rounded (double rounding is
+# innocuous for +: Figueroa, "When is double rounding innocuous?", 1995; bf16 shares fp32's
+# exponent range, and fp16's subnormal and overflow thresholds lie on float32's grid).
+
+PAD_MULTIPLES = (0, 1, 16, 128, 3, 24, 100)  # none, trivial, aligned, and ones that do not divide
+
+
+@st.composite
+def add_pad_cases(draw, dtype: str | None = None, size: str = "ci"):
+    max_rows, max_hidden = _LIMITS[size]
+    dtype = dtype or draw(float_dtypes())
+    residual = draw(pick("same", "float32", None))
+    return {
+        "shape": list(draw(row_shapes(max_rows=max_rows, max_hidden=max_hidden))),
+        "dtype": dtype,
+        "weight_dtype": draw(pick(dtype, "float32")),
+        "residual_dtype": dtype if residual == "same" else residual,
+        "pad_to_multiple": draw(pick(*PAD_MULTIPLES)),
+        "eps": draw(pick(1e-5, 1e-6, 1e-3)),
+        "dist": draw(distributions(dtype)),
+        "dist_res": draw(distributions(dtype)),
+        "seed": draw(seeds()),
+    }
+
+
+def add_pad_inputs(case, device):
+    shape, s, hidden = case["shape"], case["seed"], case["shape"][-1]
+    inputs = {"x": generate(case["dist"], shape, dtype_of(case["dtype"]), s, device),
+              "weight": generate({"kind": "normal", "scale": 1.0}, (hidden,),
+                                 dtype_of(case["weight_dtype"]), s + 1, device)}
+    if case["residual_dtype"] is not None:
+        inputs["residual"] = generate(case["dist_res"], shape,
+                                      dtype_of(case["residual_dtype"]), s + 2, device)
+    return inputs
+
+
+def _hidden_out(case) -> int:
+    return padded_hidden(case["shape"][-1], case["pad_to_multiple"])
+
+
+def _as_torch(arr, dtype: torch.dtype) -> torch.Tensor:
+    """A numpy / ml_dtypes array as a torch tensor of ``dtype``, bit for bit."""
+    arr = np.ascontiguousarray(arr)
+    return torch.from_numpy(arr.view(f"i{arr.dtype.itemsize}").copy()).view(dtype)
+
+
+def _pad_expected(r, hidden_out: int, out_dt: torch.dtype) -> Expected:
+    nan_rows = np.isnan(r).any(axis=-1, keepdims=True) if r.size else \
+        np.zeros((*r.shape[:-1], 1), dtype=bool)
+    pad_shape = (*r.shape[:-1], hidden_out - r.shape[-1])
+
+    def want(numerics) -> torch.Tensor:
+        nan = bool(getattr(numerics, "pad_nan_rows", False))
+        values = np.where(nan & nan_rows, np.nan, 0.0) * np.ones(pad_shape)
+        return torch.from_numpy(values).to(out_dt)  # 0 and NaN: exact in every dtype
+
+    def check(outs, numerics=None):
+        return compare_exact(outs["y_pad"], want(numerics))
+
+    def pair(ox, oy, nx=None, ny=None):
+        return combine_pair(check(ox, nx), check(oy, ny), Tier.EXACT_PAIR)
+    return Expected(None, out_dt, Tier.EXACT, check=check, check_pair=pair)
+
+
+def add_pad_reference(x, case):
+    res_dt = case["residual_dtype"]
+    with np.errstate(invalid="ignore"):  # NaN / Inf rows (the gate's non-finite edge class)
+        y, r, res_out = ref.add_rmsnorm_pad(x["x"], x["weight"], eps=case["eps"],
+                                            residual=x.get("residual"),
+                                            hidden_out=_hidden_out(case),
+                                            residual_dtype=res_dt)
+        ms = np.mean(r * r, axis=-1)
+        rs = 1.0 / np.sqrt(ms + case["eps"])
+    hidden = x["x"].shape[-1]
+    y = y[..., :hidden]
+    out_dt = dtype_of(case["dtype"])
+
+    def y_bound(num):
+        u, gh = _u(num), _reduction_gamma(hidden, num)
+        u_add = u if res_dt is not None else 0.0
+        with np.errstate(invalid="ignore"):
+            rel_rs = SAFETY * (0.5 * (gh + u + 2 * u_add) * ms / (ms + case["eps"]) + 2 * u)
+        e_y = np.abs(y) * (rel_rs[..., None] + SAFETY * (3 * u + u_add))
+        e_y = e_y + 8 * fp.underflow_error(fp.compute_dtype(num)) * rs[..., None] * (
+            1.0 + np.abs(x["weight"]))
+        with np.errstate(invalid="ignore"):
+            bound = ulp.with_output_rounding(y, e_y, out_dt)
+        # A row holding an Inf has mean(r^2) = Inf and rsigma = 0: its finite elements are
+        # exactly (signed) 0 and their bound (Inf / Inf terms) is NaN; demand the 0.
+        return np.where(np.isnan(bound), 0.0, bound)
+
+    expected = {"y": Expected(y, out_dt, Tier.ULP, y_bound),
+                "y_pad": _pad_expected(r, _hidden_out(case), out_dt)}
+    if res_dt is not None:
+        expected["residual_out"] = Expected(_as_torch(res_out, dtype_of(res_dt)),
+                                            dtype_of(res_dt), Tier.EXACT)
+    return expected
+
+
+def add_pad_call(inputs, case, backend):
+    r = tealite.add_rmsnorm_pad(inputs["x"], inputs["weight"], eps=case["eps"],
+                                residual=inputs.get("residual"),
+                                pad_to_multiple=case["pad_to_multiple"], backend=backend)
+    hidden = inputs["x"].shape[-1]
+    # The real columns and the padding are judged by different tiers; a wrong width shows
+    # as a shape error of one of the two.
+    out = {"y": r.y[..., :hidden], "y_pad": r.y[..., hidden:]}
+    if case["residual_dtype"] is not None:
+        out["residual_out"] = r.residual_out
+    return out
+
+
+def _add_smoke(shape, dtype, pad, residual_dtype, **kw):
+    case = {"shape": shape, "dtype": dtype, "weight_dtype": dtype, "residual_dtype": residual_dtype,
+            "pad_to_multiple": pad, "eps": 1e-5, "dist": {"kind": "normal", "scale": 1.0},
+            "dist_res": {"kind": "normal", "scale": 1.0}, "seed": 11}
+    case.update(kw)
+    return case
+
+
+register(OpSpec(
+    name=Op.ADD_RMSNORM_PAD, family="norms", cases=add_pad_cases, make_inputs=add_pad_inputs,
+    call=add_pad_call, reference=add_pad_reference,
+    smoke_cases=(_add_smoke([5, 4, 160], "bfloat16", 128, "bfloat16"),
+                 _add_smoke([7, 131], "float16", 16, "float32", weight_dtype="float32"),
+                 _add_smoke([3, 37], "float32", 0, None),
+                 _add_smoke([0, 100], "float32", 3, "float32"),
+                 _add_smoke([2, 13], "float16", 1, None)),
+    coverage=(cov.layout_cells("residual_dtype", (None, "float32"))
+              + cov.layout_cells("pad_to_multiple", (0, 1, 16, 128, 24))
+              + cov.edge_cells(cov.FLOAT_EDGES))))

@@ -89,6 +89,10 @@ CANDIDATES: tuple[Candidate, ...] = (
     C("normalization.norm",                   "_layernorm_forward",                      V10),
     C("norm",                                 "_layernorm_backward",                     None, V10),
     C("normalization.norm",                   "_layernorm_backward",                     V10),
+    # Fused add + RMSNorm + pad: fused_add_rmsnorm_pad.py in 0.1.7; normalization/ later.  No
+    # version range is claimed for the move (as for rope): both are tried, the flat one first.
+    *(C(module, "fused_add_rmsnorm_pad") for module in ("fused_add_rmsnorm_pad",
+                                                       "normalization.fused_add_rmsnorm_pad")),
     C("fused_fp8_quant",                      "fused_rms_fp8_per_tensor_static_quant",   None, V10),
     C("quant.fused_fp8_quant",                "fused_rms_fp8_per_tensor_static_quant",   V10),
     C("fused_mxfp4_quant",                    "fused_rms_mxfp4_quant",                   None, V10),

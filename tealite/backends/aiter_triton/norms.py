@@ -33,6 +33,17 @@ Rejected with the reason (``check``):
 * LayerNorm backward with no rows: ``_layernorm_backward`` sizes a reduction tile as
   next_power_of_2(M) = 0, which Triton rejects.
 
+``add_rmsnorm_pad`` runs AITER's public ``fused_add_rmsnorm_pad(x, weight, epsilon, res,
+x_pad_to_multiple)`` (fp32 r = x + res, y = r * rsqrt(sum(r^2)/N + eps) * w in x's dtype over
+(M, N_out), res_out = r in res's dtype; the same semantics as tealite's).  Its padded columns
+are computed, not written as 0: 0 (x's masked load) * rsigma * 0 (w's masked load), so a row
+holding a NaN gets NaN there (declared: ``pad_nan_rows``).  Without a residual AITER passes
+res strides 0 and its kernel hints ``tl.assume(res_stride_m > 0)``: false, but the residual
+pointer is then never read (HAS_RES is a constexpr), so compiled code is unaffected and under
+the interpreter the loader leaves AITER's assumes unchecked (aiter_common/_loader_launch.py);
+the no-residual case runs.  Rejected like RMSNorm forward: bf16 under the interpreter (x's
+dtype, which a bf16 residual implies).
+
 Numerics: fp32 compute (the plain norm spec's bound).  AITER computes rsigma with
 ``tl.rsqrt`` and divides with ``/``: exact in the interpreter, approximate on CUDA
 (``rsqrt.approx``: ~2 ulp, ``div.full``: <= 2 ulp); on AMD ``v_rsq_f32`` (1 ulp).  The norm
@@ -157,3 +168,35 @@ def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma):
                                    mean.contiguous().reshape(-1),
                                    rsigma.contiguous().reshape(-1))
     return dx.reshape(x.shape), dgamma, dbeta
+
+
+# ---- fused add + RMSNorm + pad ---------------------------------------------------------------
+
+ADD_RMS_PAD_ENTRY = "fused_add_rmsnorm_pad"
+declare(Contract(backend=NAME, entry_point=ADD_RMS_PAD_ENTRY, op=Op.ADD_RMSNORM_PAD,
+                 layouts=("x:(M,N) contiguous", "res:(M,N) contiguous", "out:(M,N_out)"),
+                 notes="fp32 r = x + res; y = r * tl.rsqrt(sum(r^2)/N + eps) * w (approximate "
+                       "rsqrt and division on CUDA); padded columns 0 * rsigma * 0",
+                 extra={"padding": "NaN in a row holding a NaN", "res_out": "r in res's dtype",
+                        "no_residual": "res strides 0 against tl.assume(res_stride_m > 0)"}))
+
+
+def _add_rms_pad_check(params) -> str | None:
+    return interpreter_bf16_reason(params["dtype"]) or why_missing(ADD_RMS_PAD_ENTRY)
+
+
+def _add_rms_pad_numerics(params) -> dict:
+    return {"compute_dtype": torch.float32, "entry_point": ADD_RMS_PAD_ENTRY,
+            "fp32_div_ulps": aiter_triton.fp32_div_ulps(),
+            "rsqrt": "exact" if INTERPRET else "tl.rsqrt (approximate)", "pad_nan_rows": True}
+
+
+@BACKEND.implements(Op.ADD_RMSNORM_PAD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_add_rms_pad_check, numerics=_add_rms_pad_numerics)
+def add_rmsnorm_pad(x, weight, *, eps, residual, pad_to_multiple, hidden_out):
+    res = None if residual is None else rows_2d(residual)
+    got = _kernels().fused_add_rmsnorm_pad(rows_2d(x), weight.contiguous(), eps, res,
+                                           pad_to_multiple)
+    y, res_out = got if res is not None else (got, None)
+    y = y.reshape(*x.shape[:-1], hidden_out)
+    return y, None if res_out is None else res_out.reshape(x.shape)

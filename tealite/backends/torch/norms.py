@@ -61,3 +61,21 @@ def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma):
     dx = rs * (gdy - xhat * (gdy * xhat).mean(dim=-1, keepdim=True))
     dgamma = _sum_rows(dy32 * xhat)
     return dx.to(x.dtype), dgamma.to(gamma.dtype)
+
+
+def _padded_columns(y: torch.Tensor, hidden_out: int) -> torch.Tensor:
+    """``y`` (..., H) widened with exact zeros to (..., hidden_out)."""
+    if hidden_out == y.shape[-1]:
+        return y
+    out = y.new_zeros((*y.shape[:-1], hidden_out))
+    out[..., :y.shape[-1]] = y
+    return out
+
+
+@BACKEND.implements(Op.ADD_RMSNORM_PAD, dtypes=_FLOATS, numerics=_NUMERICS)
+def add_rmsnorm_pad(x, weight, *, eps, residual, pad_to_multiple, hidden_out):
+    r = x.float() if residual is None else x.float() + residual.float()
+    rsigma = torch.rsqrt((r * r).mean(dim=-1) + eps)
+    y = (r * rsigma.unsqueeze(-1) * weight.float()).to(x.dtype)
+    res_out = None if residual is None else r.to(residual.dtype)
+    return _padded_columns(y, hidden_out), res_out

@@ -117,6 +117,24 @@ def _norm_fwd_kernel(x_ptr, g_ptr, b_ptr, y_ptr, mean_ptr, rs_ptr, H, H_F, eps,
 
 
 @triton.jit
+def _add_rms_pad_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, H, H_OUT, H_F, eps,
+                        HAS_RES: tl.constexpr, X_BF16: tl.constexpr, R_BF16: tl.constexpr,
+                        W_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    # One row per program; BLOCK covers the padded width H_OUT.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    r = load_f32(x_ptr, row * H + cols, mask, X_BF16)
+    if HAS_RES:
+        r = r + load_f32(res_ptr, row * H + cols, mask, R_BF16)
+        store_f32(res_out_ptr, row * H + cols, r, mask, R_BF16)
+    w = load_f32(w_ptr, cols, mask, W_BF16)
+    y, _, _ = norm_row_fwd(r, w, w, mask, H_F, eps, True)
+    # The padded columns are written as 0, not as 0 * rsigma * 0 (NaN in a row with a NaN).
+    store_f32(y_ptr, row * H_OUT + cols, tl.where(mask, y, 0.0), cols < H_OUT, X_BF16)
+
+
+@triton.jit
 def _norm_bwd_kernel(dy_ptr, x_ptr, g_ptr, mean_ptr, rs_ptr, dx_ptr, dg_part_ptr, db_part_ptr,
                      rows, H, H_F, rows_per_prog,
                      RMS: tl.constexpr, ZERO_CENTERED: tl.constexpr, X_BF16: tl.constexpr,
@@ -273,3 +291,31 @@ def layernorm_bwd(dy, x, mean, rsigma, gamma, *, zero_centered_gamma):
 def rmsnorm_bwd(dy, x, rsigma, gamma, *, zero_centered_gamma):
     dx, dgamma, _ = _launch_bwd(dy, x, None, rsigma, gamma, zero_centered_gamma, rms=True)
     return dx, dgamma
+
+
+def _too_wide_padded(params) -> str | None:
+    if params["hidden_out"] > _MAX_HIDDEN:
+        return (f"padded hidden size {params['hidden_out']} > {_MAX_HIDDEN} "
+                f"(one row per program)")
+    return None
+
+
+@BACKEND.implements(Op.ADD_RMSNORM_PAD, dtypes=_FLOATS, devices=DEVICES,
+                    check=_too_wide_padded, numerics=_NUMERICS)
+def add_rmsnorm_pad(x, weight, *, eps, residual, pad_to_multiple, hidden_out):
+    hidden = x.shape[-1]
+    rows = x.numel() // hidden
+    x2 = x.contiguous()
+    y = torch.empty((*x.shape[:-1], hidden_out), dtype=x.dtype, device=x.device)
+    res2 = None if residual is None else residual.contiguous()
+    res_out = None if residual is None else torch.empty_like(res2)
+    if rows:
+        block = triton.next_power_of_2(hidden_out)
+        r_arg = x2 if res2 is None else res2  # unread without a residual (HAS_RES=False)
+        _add_rms_pad_kernel[(rows,)](
+            as_kernel_arg(x2), as_kernel_arg(r_arg), as_kernel_arg(weight.contiguous()),
+            as_kernel_arg(y), as_kernel_arg(r_arg if res_out is None else res_out),
+            hidden, hidden_out, float(hidden), eps, HAS_RES=res2 is not None,
+            X_BF16=x.dtype == torch.bfloat16, R_BF16=r_arg.dtype == torch.bfloat16,
+            W_BF16=weight.dtype == torch.bfloat16, BLOCK=block, num_warps=_num_warps(block))
+    return y, res_out
