@@ -259,6 +259,16 @@ def test_compiled_on_nvidia_the_fused_fp8_backward_is_refused():
     assert FB.reason(dict(p, recipe=None), nvidia=True) is None
 
 
+def test_compiled_on_nvidia_head_dims_below_16_are_refused():
+    """An H100 fuzz found dV 581x too large at d = 8 (causal, batch 2; the interpreter and
+    d = 16 / 32 were right): refused on NVIDIA only, with the measurement named."""
+    p = dict(recipe=None, alibi=False, head_dim_qk=8, head_dim_v=8, mask="causal", heads_q=2)
+    assert "below 16" in FB.reason(p, nvidia=True)
+    assert FB.reason(p, nvidia=False) is None or "lacks" in FB.reason(p, nvidia=False)
+    for d in (9, 16, 32):  # padded by the adapter to 16 or more
+        assert FB.reason(dict(p, head_dim_qk=d, head_dim_v=d), nvidia=True) is None
+
+
 @pytest.mark.parametrize("name", sorted(FP8_CASES))
 def test_the_fused_fp8_backward_with_a_correct_cast_matches_the_recipe(name, monkeypatch):
     if not INTERPRET and not torch.version.hip:

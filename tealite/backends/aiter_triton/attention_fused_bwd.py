@@ -147,6 +147,14 @@ def reason(p, *, nvidia: bool = False) -> str | None:
         return (f"AITER's fused attention backward needs d_qk == d_v (it raises for PE, "
                 f"d_qk > d_v, and reads v with d_qk otherwise; got "
                 f"{p['head_dim_qk']}/{p['head_dim_v']})")
+    if nvidia and -(-min(p["head_dim_qk"], p["head_dim_v"]) // 8) * 8 < 16:
+        # Measured on an H100 (triton 3.6, 2026-11-27, docs/device-runs.md): a causal
+        # batch-2 fp32 case with d = 8 (padded by the adapter to 8, by the kernel to a 16-wide
+        # block) gave dV 581x too large at one key (the interpreter is right; d = 16 / 32 of
+        # the same case are right).  The one-kernel backward does not compile below 16 there.
+        return (f"AITER's fused attention backward gave wrong dV on an H100 for a head dim "
+                f"padded to 8 (d_qk/d_v {p['head_dim_qk']}/{p['head_dim_v']}; measured, "
+                f"docs/device-runs.md): head dims below 16 are refused on NVIDIA")
     if "causal" in p["mask"] and p["heads_q"] % _HEAD_SPREAD == 0:
         return (f"AITER 0.1.7 bug: the fused causal backward maps program heads with "
                 f"(h * 29) % h_q, no permutation when h_q is a multiple of 29 (got "
