@@ -61,6 +61,12 @@ def _mx(kernel, name, mode, bm, bn, row=True, col=True, arith=False, finite=Fals
                     for n in kernel.arg_names if n.endswith("_ptr")}
 
 
+def _mx_pairs(bm, bn):
+    """The bf16-pair MXFP4 rowwise kernel (quantize_mx VARIANTS["row"] "pairs")."""
+    consts = {n: v for n, v in _mx_scale_constants("e2m1", "floor").items()}
+    return dict(consts, BM=bm, BN=bn, GROUP_M=1), dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8")
+
+
 def _rows():
     """(name, kernel, tile rows, tile cols, warps, (consts, pointer types))."""
     ct, ctp = TQ._cast_transpose_tensor_kernel, TQ._cast_transpose_tensor_packed_kernel
@@ -86,6 +92,9 @@ def _rows():
          _mx(mx, "e2m1", "floor", 32, 128, col=False, arith=True)),
         ("mxfp4-row/arith+finite", mx, 32, 128, 4,
          _mx(mx, "e2m1", "floor", 32, 128, col=False, arith=True, finite=True)),
+        ("mxfp4-row/pairs", TQMX._mx_fp4_pairs_kernel, 32, 128, 4, _mx_pairs(32, 128)),
+        ("mxfp4-row/pairs 64x128/8", TQMX._mx_fp4_pairs_kernel, 64, 128, 8, _mx_pairs(64, 128)),
+        ("mxfp4-row/pairs 32x256/8", TQMX._mx_fp4_pairs_kernel, 32, 256, 8, _mx_pairs(32, 256)),
         ("mxfp4-ct (default)", mx, 32, 64, 2, _mx(mx, "e2m1", "floor", 32, 64)),
         ("mxfp4-ct/arith", mx, 32, 64, 2, _mx(mx, "e2m1", "floor", 32, 64, arith=True)),
         ("mxfp4-ct/packed+arith+finite 64x64", mxp, 64, 64, 2,

@@ -16,7 +16,8 @@ Defaults live in ``quantize.CONFIGS``,
 ``--variant`` (comma-separated, default ``default``) adds kernel variants (the modules'
 ``VARIANTS``), each a '+'-joined set of atoms: ``packed`` (cast-transpose codes moved as
 32-bit words), ``arith`` (arithmetic E2M1 encoder), ``finite`` (MX encoders without the NaN
-fix-ups no NaN can reach); a row takes the variants whose atoms it has, over their own tiles,
+fix-ups no NaN can reach), ``pairs`` (MXFP4 rowwise from 32-bit words of two bf16, its own
+tiles); a row takes the variants whose atoms it has, over their own tiles,
 printed as ``NAME/VARIANT`` and checked bit for bit against the default kernel's outputs.
 ``--tiles N`` times only the first N tiles of each list.  The command of the cast-transpose
 comparison is in docs/benchmarks.md.  ``fp8-delayed-ct`` is the per-tensor cast-transpose
@@ -67,12 +68,15 @@ def _override(table, key, value):
 
 
 # A kernel variant is a '+'-joined set of these atoms: (VARIANTS key, value) of the module.
-_ATOMS = {"packed": ("ct", "packed"), "arith": ("e2m1", "arith"), "finite": ("nan", "skip")}
+_ATOMS = {"packed": ("ct", "packed"), "arith": ("e2m1", "arith"), "finite": ("nan", "skip"),
+          "pairs": ("row", "pairs")}
 
 
 def _kernel_variants(TQ, TQB, TQMX):
-    """row name -> (the module's VARIANTS, the atoms it takes, packed tiles (table, key,
-    [tiles]), other tiles to try with the default table); first tile = the current entry."""
+    """row name -> (the module's VARIANTS, the atoms it takes, own tiles, other tiles to try
+    with the default table); own tiles: (table, key, [tiles]) of the "packed" kernel, or
+    {atom: (table, key, [tiles])} of the atoms with a kernel of their own; first tile = the
+    current entry."""
     mx_packed = (TQMX._PACKED_TILES, (True, True),
                  [(64, 64, 2), (32, 64, 2), (32, 128, 2), (64, 128, 4), (128, 64, 4),
                   (64, 64, 4), (32, 64, 1), (64, 64, 2, 8)])
@@ -89,7 +93,11 @@ def _kernel_variants(TQ, TQB, TQMX):
         "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite"}, mx_packed, mx_ct),
         "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite"}, mx_packed, mx_ct),
         "mxfp8-row": (TQMX.VARIANTS, {"finite"}, None, [(64, 128, 4), (32, 256, 8)]),
-        "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite"}, None, [(64, 128, 4), (32, 256, 8)]),
+        "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite", "pairs"},
+                      {"pairs": (TQMX._PAIRS_TILES, (True, False),
+                                 [(32, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4),
+                                  (64, 128, 4), (32, 128, 4, 8)])},
+                      [(64, 128, 4), (32, 256, 8)]),
     }
 
 
@@ -105,8 +113,10 @@ def _variant_runs(name, wanted, kernel_variants, table, key, configs):
         if v == "default" or not atoms <= takes:
             continue
         settings = dict(_ATOMS[a] for a in atoms)
-        if "packed" in atoms:
-            runs.append((f"{name}/{v}", vtable, settings, *packed))
+        own = [packed] if "packed" in atoms else \
+            [packed[a] for a in sorted(atoms) if isinstance(packed, dict) and a in packed]
+        if own:
+            runs.append((f"{name}/{v}", vtable, settings, *own[0]))
         else:
             runs.append((f"{name}/{v}", vtable, settings, table, key, [table[key]] + others))
     return runs
@@ -228,7 +238,7 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
     ap.add_argument("--variant", default="default",
                     help="comma-separated: default, or '+'-joined atoms of packed, arith, "
-                         "finite (e.g. packed+arith+finite)")
+                         "finite, pairs (e.g. packed+arith+finite)")
     ap.add_argument("--tiles", type=int, default=0,
                     help="time only the first N tiles of each list (0: all)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # interpreter smoke

@@ -1,0 +1,143 @@
+"""The MX kernel variants added after the fifth session's sweep (quantize_mx.VARIANTS "row":
+"pairs") give the default kernels' bits: through Triton's interpreter in CI, cross-compiled
+for sm_90 and gfx942.
+
+* The bf16-pair MXFP4 rowwise kernel writes the default kernel's codes and scales on hostile
+  inputs (NaN / Inf blocks, subnormals, E2M1 ties, all-zero blocks, partial blocks and tiles),
+  and really runs; where it cannot (odd K, fp32 x, ties-away, an odd element offset) the
+  default kernel runs.
+* A seeded bug in it (the NaN-scale blocks' mask left out, the sign from the wrong bit) is caught.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tealite
+from tealite import recipes as R
+
+from _helpers_cross_compile import compiled_json
+from _helpers_triton_quantize import DEV, needs_triton
+from test_triton_ct_variants import _Spy, _bits, _hostile, _same
+
+pytestmark = needs_triton
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+from tealite.backends.triton import _codecs as C  # noqa: E402
+from tealite.backends.triton import quantize_mx as TQMX  # noqa: E402
+
+# (M, K): whole tiles, partial blocks and tiles, K a multiple of 2 but not of 32, tiny.
+_SHAPES = [(64, 256), (64, 96), (33, 258), (36, 64), (5, 2)]
+
+
+def _with_zero_blocks(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with all-zero (one of them -0.0) and subnormal-only 32-element blocks in row 1."""
+    x = x.clone()
+    if x.shape[0] > 1 and x.shape[1] >= 96:
+        x[1, :32] = 0.0
+        x[1, 32:64] = -0.0
+        x[1, 64:96] = 1e-39  # bf16 subnormal
+    return x
+
+
+def _rowwise(x, recipe, variant, monkeypatch):
+    monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row=variant))
+    return _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=False, pad=True,
+                                  backend="triton"))
+
+
+def test_the_default_row_kernel_stays_until_measured():
+    assert TQMX.VARIANTS["row"] == "tile"
+
+
+def test_pairs_gives_the_default_bits_and_runs(monkeypatch):
+    spy = _Spy(TQMX._mx_fp4_pairs_kernel)
+    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_kernel", spy)
+    recipe = R.MXFP4BlockScaling()
+    for seed, shape in enumerate(_SHAPES):
+        x = _with_zero_blocks(_hostile(*shape, seed=seed)).to(DEV)
+        want = _rowwise(x, recipe, "tile", monkeypatch)
+        before = spy.launches
+        assert _same(_rowwise(x, recipe, "pairs", monkeypatch), want), shape
+        assert spy.launches - before == 1, shape
+
+
+@pytest.mark.parametrize("case", ["odd-k", "fp32", "ties-away", "odd-offset", "columnwise"])
+def test_pairs_falls_back_where_it_cannot_run(case, monkeypatch):
+    spy = _Spy(TQMX._mx_fp4_pairs_kernel)
+    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_kernel", spy)
+    recipe = R.MXFP4BlockScaling("even", "ties_away") if case == "ties-away" \
+        else R.MXFP4BlockScaling()
+    x = _hostile(8, 67 if case == "odd-k" else 64).to(DEV)
+    if case == "fp32":
+        x = x.float()
+    if case == "odd-offset":
+        x = x.reshape(-1)[1:1 + 8 * 62].reshape(8, 62)
+        assert x.is_contiguous() and x.storage_offset() == 1
+    quant = lambda: _bits(tealite.quantize(x, recipe, rowwise=True,  # noqa: E731
+                                           columnwise=case == "columnwise", pad=True,
+                                           backend="triton"))
+    want = quant()
+    monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row="pairs"))
+    assert _same(quant(), want)
+    assert spy.launches == 0
+
+
+@triton.jit
+def _half_code_unmasked(mag, bits, keep, mult, sgn, BM: tl.constexpr, BN: tl.constexpr):
+    y = tl.reshape(mag, (BM, BN // 32, 16)).to(tl.float32, bitcast=True) * mult
+    c = C._fp4_arith_magnitude(y.to(tl.int32, bitcast=True))
+    return c | ((tl.reshape(bits, (BM, BN // 32, 16)) >> 28) & 8)
+
+
+@triton.jit
+def _half_code_sign_bit(mag, bits, keep, mult, sgn, BM: tl.constexpr, BN: tl.constexpr):
+    y = (tl.reshape(mag, (BM, BN // 32, 16)) & keep).to(tl.float32, bitcast=True) * mult
+    c = C._fp4_arith_magnitude(y.to(tl.int32, bitcast=True))
+    return c | ((tl.reshape(bits, (BM, BN // 32, 16)) >> 27) & sgn)  # bit 30, not 31
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="patches jit helpers: only the interpreter re-reads them")
+@pytest.mark.parametrize("bad", [_half_code_unmasked, _half_code_sign_bit],
+                         ids=["nan-block-mask", "sign-bit"])
+def test_a_seeded_pairs_bug_is_caught(bad, monkeypatch):
+    recipe = R.MXFP4BlockScaling()
+    x = _with_zero_blocks(_hostile(64, 128)).to(DEV)
+    want = _rowwise(x, recipe, "tile", monkeypatch)
+    assert _same(_rowwise(x, recipe, "pairs", monkeypatch), want)
+    monkeypatch.setattr(TQMX, "_fp4_half_code", bad)
+    assert not _same(_rowwise(x, recipe, "pairs", monkeypatch), want)
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tealite.backends.triton import quantize_mx as TQMX
+from tealite.backends.triton._codecs import _mx_scale_constants
+
+def build(kernel, consts, ptrs, target, warps):
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if sig[n] != "constexpr"}
+    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget(*target),
+                       options=dict(num_warps=warps))
+    return len(k.asm["cubin" if target[0] == "cuda" else "hsaco"])
+
+out = {}
+for mode in ("floor", "rceil"):
+    consts = dict(_mx_scale_constants("e2m1", mode), BM=32, BN=128, GROUP_M=1)
+    ptrs = dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8")
+    for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
+        out[f"pairs-{mode}-{target[1]}"] = build(TQMX._mx_fp4_pairs_kernel, consts, ptrs,
+                                                 target, 4)
+json.dump(out, sys.stdout)
+"""
+
+
+def test_variants_compile_for_sm90_and_gfx942():
+    sizes = compiled_json(_COMPILE)
+    assert len(sizes) == 4 and all(sizes.values()), sizes
