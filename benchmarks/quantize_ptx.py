@@ -61,10 +61,10 @@ def _mx(kernel, name, mode, bm, bn, row=True, col=True, arith=False, finite=Fals
                     for n in kernel.arg_names if n.endswith("_ptr")}
 
 
-def _mx_pairs(bm, bn):
-    """The bf16-pair MXFP4 rowwise kernel (quantize_mx VARIANTS["row"] "pairs")."""
-    consts = {n: v for n, v in _mx_scale_constants("e2m1", "floor").items()}
-    return dict(consts, BM=bm, BN=bn, GROUP_M=1), dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8")
+def _mx_pairs(bm, bn, **extra):
+    """A bf16-pair MXFP4 kernel (_mx_pairs; quantize_mx VARIANTS "pairs")."""
+    consts = dict(_mx_scale_constants("e2m1", "floor"), BM=bm, BN=bn, GROUP_M=1, **extra)
+    return consts, dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8", qt_ptr="*u8", st_ptr="*u8")
 
 
 def _rows():
@@ -72,6 +72,7 @@ def _rows():
     ct, ctp = TQ._cast_transpose_tensor_kernel, TQ._cast_transpose_tensor_packed_kernel
     blk, blkp = TQB._block_cast_kernel, TQB._block_ct_packed_kernel
     mx, mxp = TQMX._mx_cast_kernel, TQMX._mx_ct_packed_kernel
+    pct = TQMX._mx_fp4_pairs_ct_kernel
     return [
         ("fp8-delayed-ct (default)", ct, 64, 128, 4, _fp8(ct, 64, 128, "*u8", GIVEN=True)),
         ("fp8-delayed-ct/packed", ctp, 64, 128, 4,
@@ -97,6 +98,12 @@ def _rows():
         ("mxfp4-row/pairs 32x256/8", TQMX._mx_fp4_pairs_kernel, 32, 256, 8, _mx_pairs(32, 256)),
         ("mxfp4-ct (default)", mx, 32, 64, 2, _mx(mx, "e2m1", "floor", 32, 64)),
         ("mxfp4-ct/arith", mx, 32, 64, 2, _mx(mx, "e2m1", "floor", 32, 64, arith=True)),
+        ("mxfp4-ct/arith+finite (now default)", mx, 32, 64, 2,
+         _mx(mx, "e2m1", "floor", 32, 64, arith=True, finite=True)),
+        ("mxfp4-ct/pairs", pct, 64, 64, 2, _mx_pairs(64, 64, ROW=True)),
+        ("mxfp4-ct/pairs 32x64/2", pct, 32, 64, 2, _mx_pairs(32, 64, ROW=True)),
+        ("mxfp4-ct/pairs 64x128/4", pct, 64, 128, 4, _mx_pairs(64, 128, ROW=True)),
+        ("mxfp4-ct/pairs 128x64/4", pct, 128, 64, 4, _mx_pairs(128, 64, ROW=True)),
         ("mxfp4-ct/packed+arith+finite 64x64", mxp, 64, 64, 2,
          _mx(mxp, "e2m1", "floor", 64, 64, arith=True, finite=True)),
     ]

@@ -16,8 +16,8 @@ Defaults live in ``quantize.CONFIGS``,
 ``--variant`` (comma-separated, default ``default``) adds kernel variants (the modules'
 ``VARIANTS``), each a '+'-joined set of atoms: ``packed`` (cast-transpose codes moved as
 32-bit words), ``arith`` (arithmetic E2M1 encoder), ``finite`` (MX encoders without the NaN
-fix-ups no NaN can reach), ``pairs`` (MXFP4 rowwise from 32-bit words of two bf16, its own
-tiles); a row takes the variants whose atoms it has, over their own tiles,
+fix-ups no NaN can reach), ``pairs`` (MXFP4 rowwise and cast-transpose from 32-bit words of
+two bf16, own tiles); a row takes the variants whose atoms it has, over their own tiles,
 printed as ``NAME/VARIANT`` and checked bit for bit against the default kernel's outputs.
 ``--tiles N`` times only the first N tiles of each list.  The command of the cast-transpose
 comparison is in docs/benchmarks.md.  ``fp8-delayed-ct`` is the per-tensor cast-transpose
@@ -67,9 +67,10 @@ def _override(table, key, value):
         table[key] = old
 
 
-# A kernel variant is a '+'-joined set of these atoms: (VARIANTS key, value) of the module.
-_ATOMS = {"packed": ("ct", "packed"), "arith": ("e2m1", "arith"), "finite": ("nan", "skip"),
-          "pairs": ("row", "pairs")}
+# A kernel variant is a '+'-joined set of these atoms: {VARIANTS key: value} of the module
+# ("pairs" names the bf16-pair MXFP4 kernels of both directions sets).
+_ATOMS = {"packed": {"ct": "packed"}, "arith": {"e2m1": "arith"}, "finite": {"nan": "skip"},
+          "pairs": {"row": "pairs", "ct": "pairs"}}
 
 
 def _kernel_variants(TQ, TQB, TQMX):
@@ -91,7 +92,11 @@ def _kernel_variants(TQ, TQB, TQMX):
         "block1x128-ct": (TQB.VARIANTS, {"packed"},
                           (TQB._PACKED_TILES, (1, True, True), TQB.PACKED_SWEEP), []),
         "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite"}, mx_packed, mx_ct),
-        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite"}, mx_packed, mx_ct),
+        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite", "pairs"},
+                     {"packed": mx_packed,
+                      "pairs": (TQMX._PAIRS_TILES, (True, True),
+                                [(64, 64, 2), (128, 64, 4), (64, 128, 4), (32, 64, 2),
+                                 (128, 128, 8), (64, 64, 2, 8)])}, mx_ct),
         "mxfp8-row": (TQMX.VARIANTS, {"finite"}, None, [(64, 128, 4), (32, 256, 8)]),
         "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite", "pairs"},
                       {"pairs": (TQMX._PAIRS_TILES, (True, False),
@@ -112,9 +117,9 @@ def _variant_runs(name, wanted, kernel_variants, table, key, configs):
         atoms = set(v.split("+"))
         if v == "default" or not atoms <= takes:
             continue
-        settings = dict(_ATOMS[a] for a in atoms)
-        own = [packed] if "packed" in atoms else \
-            [packed[a] for a in sorted(atoms) if isinstance(packed, dict) and a in packed]
+        settings = {key: val for a in atoms for key, val in _ATOMS[a].items()}
+        own = [packed[a] for a in sorted(atoms) if isinstance(packed, dict) and a in packed] \
+            or ([packed] if "packed" in atoms else [])
         if own:
             runs.append((f"{name}/{v}", vtable, settings, *own[0]))
         else:
@@ -273,9 +278,10 @@ def main() -> None:
     kernel_variants = _kernel_variants(TQ, TQB, TQMX)
     wanted = [v for v in args.variant.split(",") if v]
     unknown = {v for v in wanted if v != "default" and not set(v.split("+")) <= set(_ATOMS)}
+    unknown |= {v for v in wanted if {"packed", "pairs"} <= set(v.split("+"))}  # one "ct" each
     if unknown:
         sys.exit(f"--variant: unknown {sorted(unknown)}; give 'default' or '+'-joined atoms "
-                 f"of {sorted(_ATOMS)}")
+                 f"of {sorted(_ATOMS)} (not packed with pairs)")
     given = torch.full((1,), 3.0, device=dev)
     for name, (recipe, rw, cw, table, key, configs, nbytes) in \
             _variants(TQ, TQB, TQMX).items():

@@ -1,11 +1,11 @@
-"""The MX kernel variants added after the fifth session's sweep (quantize_mx.VARIANTS "row":
-"pairs") give the default kernels' bits: through Triton's interpreter in CI, cross-compiled
-for sm_90 and gfx942.
+"""The MX kernel variants added after the fifth session's sweep (quantize_mx.VARIANTS "row"
+and "ct": "pairs", _mx_pairs.py) give the default kernels' bits: through Triton's interpreter
+in CI, cross-compiled for sm_90 and gfx942.
 
-* The bf16-pair MXFP4 rowwise kernel writes the default kernel's codes and scales on hostile
-  inputs (NaN / Inf blocks, subnormals, E2M1 ties, all-zero blocks, partial blocks and tiles),
-  and really runs; where it cannot (odd K, fp32 x, ties-away, an odd element offset) the
-  default kernel runs.
+* The bf16-pair MXFP4 rowwise and cast-transpose kernels write the default kernels' codes and
+  scales on hostile inputs (NaN / Inf blocks, subnormals, E2M1 ties, all-zero blocks, partial
+  blocks and tiles), and really run; where they cannot (odd K, odd M for the cast-transpose,
+  fp32 x, ties-away, an odd element offset) the default kernel runs.
 * A seeded bug in it (the NaN-scale blocks' mask left out, the sign from the wrong bit) is caught.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ triton = pytest.importorskip("triton")
 tl = triton.language
 
 from tealite.backends.triton import _codecs as C  # noqa: E402
+from tealite.backends.triton import _mx_pairs as P  # noqa: E402
 from tealite.backends.triton import quantize_mx as TQMX  # noqa: E402
 
 # (M, K): whole tiles, partial blocks and tiles, K a multiple of 2 but not of 32, tiny.
@@ -48,8 +49,14 @@ def _rowwise(x, recipe, variant, monkeypatch):
                                   backend="triton"))
 
 
-def test_the_default_row_kernel_stays_until_measured():
-    assert TQMX.VARIANTS["row"] == "tile"
+def _ct(x, recipe, variant, monkeypatch, rowwise=True):
+    monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, ct=variant))
+    return _bits(tealite.quantize(x, recipe, rowwise=rowwise, columnwise=True, pad=True,
+                                  backend="triton"))
+
+
+def test_the_default_kernels_stay_until_measured():
+    assert TQMX.VARIANTS["row"] == "tile" and TQMX.VARIANTS["ct"] == "trans"
 
 
 def test_pairs_gives_the_default_bits_and_runs(monkeypatch):
@@ -64,51 +71,67 @@ def test_pairs_gives_the_default_bits_and_runs(monkeypatch):
         assert spy.launches - before == 1, shape
 
 
-@pytest.mark.parametrize("case", ["odd-k", "fp32", "ties-away", "odd-offset", "columnwise"])
+@pytest.mark.parametrize("rowwise", [True, False], ids=["ct", "col-only"])
+def test_pairs_ct_gives_the_default_bits_and_runs(rowwise, monkeypatch):
+    spy = _Spy(TQMX._mx_fp4_pairs_ct_kernel)
+    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_ct_kernel", spy)
+    recipe = R.MXFP4BlockScaling()
+    for seed, shape in enumerate(_SHAPES + [(130, 64)]):
+        x = _with_zero_blocks(_hostile(*shape, seed=seed)).to(DEV)
+        want = _ct(x, recipe, "trans", monkeypatch, rowwise)
+        before = spy.launches
+        assert _same(_ct(x, recipe, "pairs", monkeypatch, rowwise), want), shape
+        assert spy.launches - before == int(shape[0] % 2 == 0), shape
+
+
+@pytest.mark.parametrize("case", ["odd-m", "odd-k", "fp32", "ties-away", "odd-offset"])
 def test_pairs_falls_back_where_it_cannot_run(case, monkeypatch):
-    spy = _Spy(TQMX._mx_fp4_pairs_kernel)
-    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_kernel", spy)
+    spies = [_Spy(TQMX._mx_fp4_pairs_kernel), _Spy(TQMX._mx_fp4_pairs_ct_kernel)]
+    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_kernel", spies[0])
+    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_ct_kernel", spies[1])
     recipe = R.MXFP4BlockScaling("even", "ties_away") if case == "ties-away" \
         else R.MXFP4BlockScaling()
-    x = _hostile(8, 67 if case == "odd-k" else 64).to(DEV)
+    x = _hostile(7 if case == "odd-m" else 8, 67 if case == "odd-k" else 64).to(DEV)
     if case == "fp32":
         x = x.float()
     if case == "odd-offset":
         x = x.reshape(-1)[1:1 + 8 * 62].reshape(8, 62)
         assert x.is_contiguous() and x.storage_offset() == 1
-    quant = lambda: _bits(tealite.quantize(x, recipe, rowwise=True,  # noqa: E731
-                                           columnwise=case == "columnwise", pad=True,
-                                           backend="triton"))
-    want = quant()
-    monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row="pairs"))
-    assert _same(quant(), want)
-    assert spy.launches == 0
+    # Odd M stops only the cast-transpose (its x.T bytes pair rows); rowwise-only runs "pairs".
+    for columnwise in (True,) if case == "odd-m" else (False, True):
+        quant = lambda: _bits(tealite.quantize(x, recipe, rowwise=True,  # noqa: E731
+                                               columnwise=columnwise, pad=True,
+                                               backend="triton"))
+        monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row="tile", ct="trans"))
+        want = quant()
+        monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row="pairs", ct="pairs"))
+        assert _same(quant(), want), columnwise
+    assert spies[0].launches == spies[1].launches == 0
 
 
 @triton.jit
-def _half_code_unmasked(mag, bits, keep, mult, sgn, BM: tl.constexpr, BN: tl.constexpr):
-    y = tl.reshape(mag, (BM, BN // 32, 16)).to(tl.float32, bitcast=True) * mult
-    c = C._fp4_arith_magnitude(y.to(tl.int32, bitcast=True))
-    return c | ((tl.reshape(bits, (BM, BN // 32, 16)) >> 28) & 8)
+def _half_code_unmasked(mag, bits, keep, mult, sgn):
+    y = mag.to(tl.float32, bitcast=True) * mult
+    return C._fp4_arith_magnitude(y.to(tl.int32, bitcast=True)) | ((bits >> 28) & 8)
 
 
 @triton.jit
-def _half_code_sign_bit(mag, bits, keep, mult, sgn, BM: tl.constexpr, BN: tl.constexpr):
-    y = (tl.reshape(mag, (BM, BN // 32, 16)) & keep).to(tl.float32, bitcast=True) * mult
-    c = C._fp4_arith_magnitude(y.to(tl.int32, bitcast=True))
-    return c | ((tl.reshape(bits, (BM, BN // 32, 16)) >> 27) & sgn)  # bit 30, not 31
+def _half_code_sign_bit(mag, bits, keep, mult, sgn):
+    y = (mag & keep).to(tl.float32, bitcast=True) * mult
+    return C._fp4_arith_magnitude(y.to(tl.int32, bitcast=True)) | ((bits >> 27) & sgn)  # bit 30
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="patches jit helpers: only the interpreter re-reads them")
 @pytest.mark.parametrize("bad", [_half_code_unmasked, _half_code_sign_bit],
                          ids=["nan-block-mask", "sign-bit"])
-def test_a_seeded_pairs_bug_is_caught(bad, monkeypatch):
+@pytest.mark.parametrize("quant", [_rowwise, _ct], ids=["row", "ct"])
+def test_a_seeded_pairs_bug_is_caught(bad, quant, monkeypatch):
     recipe = R.MXFP4BlockScaling()
     x = _with_zero_blocks(_hostile(64, 128)).to(DEV)
-    want = _rowwise(x, recipe, "tile", monkeypatch)
-    assert _same(_rowwise(x, recipe, "pairs", monkeypatch), want)
-    monkeypatch.setattr(TQMX, "_fp4_half_code", bad)
-    assert not _same(_rowwise(x, recipe, "pairs", monkeypatch), want)
+    want = quant(x, recipe, "tile" if quant is _rowwise else "trans", monkeypatch)
+    assert _same(quant(x, recipe, "pairs", monkeypatch), want)
+    monkeypatch.setattr(P, "_fp4_half_code", bad)
+    assert not _same(quant(x, recipe, "pairs", monkeypatch), want)
 
 
 _COMPILE = """
@@ -134,10 +157,16 @@ for mode in ("floor", "rceil"):
     for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
         out[f"pairs-{mode}-{target[1]}"] = build(TQMX._mx_fp4_pairs_kernel, consts, ptrs,
                                                  target, 4)
+for row in (True, False):
+    consts = dict(_mx_scale_constants("e2m1", "floor"), BM=64, BN=64, GROUP_M=1, ROW=row)
+    ptrs = dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8", qt_ptr="*u8", st_ptr="*u8")
+    for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
+        out[f"pairs-ct-{row}-{target[1]}"] = build(TQMX._mx_fp4_pairs_ct_kernel, consts, ptrs,
+                                                   target, 2)
 json.dump(out, sys.stdout)
 """
 
 
 def test_variants_compile_for_sm90_and_gfx942():
     sizes = compiled_json(_COMPILE)
-    assert len(sizes) == 4 and all(sizes.values()), sizes
+    assert len(sizes) == 8 and all(sizes.values()), sizes

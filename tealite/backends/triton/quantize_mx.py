@@ -28,12 +28,12 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_fp4_arith,
-                                             _encode_fp8_rounded, _fp4_arith_magnitude,
-                                             _into_word,
+                                             _encode_fp8_rounded, _into_word,
                                              _fmt_constants, _mag_max, _mx_descale,
                                              _mx_scale_constants,
                                              _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.backends.triton._mx_pairs import _mx_fp4_pairs_ct_kernel, _mx_fp4_pairs_kernel
 from tealite.formats import ElementRounding, get_format
 
 MX_BLOCK = 32
@@ -68,11 +68,13 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 # Defaults from the H100 sweep (docs/benchmarks.md, 2026-11-27 fifth session; % of copy):
 # "arith" + skip took MXFP4 rowwise 54.7 -> 82.6 and cast-transpose 31.2 -> 46.0; skip took
 # the MXFP8 cast-transpose 48.6 -> 68.0 (same tile); "packed" helped MX neither way.
-# * "row" (MXFP4 rowwise-only): "tile" (_mx_cast_kernel) or "pairs" (_mx_fp4_pairs_kernel: x
-#   read as 32-bit words of two bf16, so a word's two codes are one byte; with its tile a
-#   thread owns whole 32-element blocks: no shuffles, no shared-memory layout change before
-#   the 16-byte code stores).  Needs bf16 x, even K and the arithmetic RNE encoder (else
-#   "tile").
+# * "row" (MXFP4 rowwise-only): "tile" (_mx_cast_kernel) or "pairs" (_mx_pairs: x read as
+#   32-bit words of two bf16, so a word's two codes are one byte; with its tile a thread owns
+#   whole 32-element blocks: no shuffles, no shared-memory layout change before the 16-byte
+#   code stores).  Needs bf16 x, even K and the arithmetic RNE encoder (else "tile").
+#   "ct" also takes "pairs" for MXFP4 (_mx_pairs' cast-transpose: even and odd rows read as
+#   two word tiles, so an x.T byte's two codes meet in a thread and only packed bytes are
+#   transposed); same conditions and M even (else the "ct" default, "trans").
 VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "tile"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
 # multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
@@ -80,7 +82,7 @@ VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "tile"}
 _PACKED_TILES = {(False, True): (64, 64, 2), (True, True): (64, 64, 2)}
 # Tile of the "pairs" rowwise kernel (rows, x columns, warps[, GROUP_M]): 32 x 128 on 4 warps
 # is 2048 words, 16 (one 32-element block) per thread; not yet timed on a GPU.
-_PAIRS_TILES = {(True, False): (32, 128, 4)}
+_PAIRS_TILES = {(True, False): (32, 128, 4), (False, True): (64, 64, 2), (True, True): (64, 64, 2)}
 
 
 @triton.jit
@@ -256,57 +258,6 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
     _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM)
 
 
-@triton.jit
-def _fp4_half_code(mag, bits, keep, mult, sgn, BM: tl.constexpr, BN: tl.constexpr):
-    """E2M1 codes (sign included) of one half of _mx_fp4_pairs_kernel's words: ``mag`` /
-    ``bits`` the (BM, BN // 2) magnitude / fp32 bits of those elements, ``keep`` / ``mult`` /
-    ``sgn`` per block (BM, BN // 32, 1): magnitude mask, 2^-s, sign mask."""
-    y = (tl.reshape(mag, (BM, BN // 32, 16)) & keep).to(tl.float32, bitcast=True) * mult
-    c = _fp4_arith_magnitude(y.to(tl.int32, bitcast=True))
-    return c | ((tl.reshape(bits, (BM, BN // 32, 16)) >> 28) & sgn)
-
-
-@triton.jit
-def _mx_fp4_pairs_kernel(x_ptr, q_ptr, s_ptr, M, KW, q_row_bytes, s_stride,
-                         MODE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
-                         FMAX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                         GROUP_M: tl.constexpr = 1):
-    """MXFP4 (RNE, arithmetic encoder) rowwise of ``VARIANTS["row"] == "pairs"``: the same bits
-    as _mx_cast_kernel.  ``x_ptr`` is bf16 x as int32 words, ``KW`` = K // 2 per row; word w
-    holds elements 2w (low half) and 2w + 1 (high half), whose codes are the low and high
-    nibble of code byte w: the word tile and the byte tile have one shape, so one layout
-    serves the load, the block reductions and the store.  A block is 16 words.
-
-    The codes come from magnitudes: |x| * 2^-s rounds as |x * 2^-s| does, and a block with
-    the NaN scale (255) has its magnitudes and signs cleared first, so its codes are 0 as
-    _mx_descale's +0.0 gives."""
-    pid = tl.program_id(0)
-    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, BM), tl.cdiv(KW, BN // 2), GROUP_M)
-    rows = pid_m * BM + tl.arange(0, BM)
-    words = pid_n * (BN // 2) + tl.arange(0, BN // 2)
-    mask = (rows < M)[:, None] & (words < KW)[None, :]
-    w = tl.load(x_ptr + rows.to(tl.int64)[:, None] * KW + words[None, :], mask=mask, other=0)
-    lo = w << 16  # fp32 bits of the even element (bf16 widening is a shift)
-    hi = w & -65536  # of the odd one (0xFFFF0000)
-    mlo = lo & 0x7FFFFFFF
-    mhi = hi & 0x7FFFFFFF
-    # Integer max of magnitude bits: exact and NaN-propagating, as _mag_max.
-    amax = tl.max(tl.reshape(tl.maximum(mlo, mhi), (BM, BN // 32, 16)), axis=2)
-    byte = _e8m0_scale(amax.to(tl.float32, bitcast=True), MODE, EMAX, MBITS, FMAX)
-    keep = tl.where(byte == 255, 0, -1)[:, :, None]  # a NaN-scale block codes as +0.0
-    field = 254 - byte
-    mult = tl.where(field > 0, field << 23, 0x00400000).to(tl.float32, bitcast=True)[:, :, None]
-    sgn = keep & 8
-    pair = (_fp4_half_code(mlo, lo, keep, mult, sgn, BM, BN)
-            | (_fp4_half_code(mhi, hi, keep, mult, sgn, BM, BN) << 4))
-    tl.store(q_ptr + rows.to(tl.int64)[:, None] * q_row_bytes + words[None, :],
-             tl.reshape(pair, (BM, BN // 2)).to(tl.uint8), mask=mask)
-    kb = pid_n * (BN // 32) + tl.arange(0, BN // 32)
-    smask = (rows < M)[:, None] & (kb < tl.cdiv(KW, 16))[None, :]
-    tl.store(s_ptr + rows.to(tl.int64)[:, None] * s_stride + kb[None, :], byte.to(tl.uint8),
-             mask=smask)
-
-
 def _n_blocks(n: int) -> int:
     """E8M0 scales per row of n elements (the last block may be partial)."""
     return -(-n // MX_BLOCK)
@@ -334,11 +285,13 @@ def _packs(m: int, fmt) -> bool:
 
 
 def _pairs(x: torch.Tensor, fmt, recipe, rowwise: bool, columnwise: bool) -> bool:
-    """Whether the bf16-pair MXFP4 rowwise kernel runs (VARIANTS["row"]): chosen, rowwise
-    only, RNE e2m1 with the arithmetic encoder, and x readable as 32-bit words of two bf16
-    (even K, even element offset)."""
-    return (VARIANTS["row"] == "pairs" and rowwise and not columnwise and fmt.packed
-            and not _ties_away(recipe) and VARIANTS["e2m1"] == "arith"
+    """Whether a bf16-pair MXFP4 kernel (_mx_pairs) runs: chosen (VARIANTS["row"] for
+    rowwise only, VARIANTS["ct"] with columnwise, where M must be even), RNE e2m1 with the
+    arithmetic encoder, and x readable as 32-bit words of two bf16 (even K, even element
+    offset)."""
+    chosen = VARIANTS["ct"] == "pairs" and x.shape[0] % 2 == 0 if columnwise else \
+        VARIANTS["row"] == "pairs"
+    return (chosen and fmt.packed and not _ties_away(recipe) and VARIANTS["e2m1"] == "arith"
             and x.dtype == torch.bfloat16 and x.shape[1] % 2 == 0
             and x.storage_offset() % 2 == 0)
 
@@ -371,10 +324,17 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
         if _pairs(x, fmt, recipe, rowwise, columnwise):
             bm, bn, warps, *group = _PAIRS_TILES[(rowwise, columnwise)]
-            _mx_fp4_pairs_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
-                x.view(torch.int32), q, s, m, k // 2, q.stride(0), s.stride(0), BM=bm, BN=bn,
-                GROUP_M=group[0] if group else 1, num_warps=warps,
-                **{n: consts[n] for n in ("MODE", "EMAX", "MBITS", "FMAX")})
+            grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
+            scale = {n: consts[n] for n in ("MODE", "EMAX", "MBITS", "FMAX")}
+            launch = dict(BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps)
+            if columnwise:
+                _mx_fp4_pairs_ct_kernel[grid](
+                    x.view(torch.int32), dummy if q is None else q, dummy if s is None else s,
+                    qt, st, m, k // 2, _row_stride(q), qt.stride(0), _row_stride(s),
+                    st.stride(0), ROW=rowwise, **launch, **scale)
+            else:
+                _mx_fp4_pairs_kernel[grid](x.view(torch.int32), q, s, m, k // 2, q.stride(0),
+                                           s.stride(0), **launch, **scale)
         elif columnwise and _packs(m, fmt):
             bm, bn, warps, *group = _PACKED_TILES[(rowwise, columnwise)]
             words = qt.view(torch.int32)
