@@ -188,7 +188,9 @@ def _variants(TQ, TQB, TQMX):
                               ("mxfp4", R.MXFP4BlockScaling(), 0.5)):
         v[f"{name}-row"] = (recipe, True, False, TQMX._TILES, (True, False), mx_row,
                             lambda m, k, per=per: 2 * m * k + codes(m, k, 1, per) + m * k // 32)
-        v[f"{name}-ct"] = (recipe, True, True, TQMX._TILES, (True, True), mx_ct,
+        # MXFP8 (e4m3) has its own cast-transpose entry (quantize_mx._tile).
+        ct_key = (True, True, "e4m3") if name == "mxfp8" else (True, True)
+        v[f"{name}-ct"] = (recipe, True, True, TQMX._TILES, ct_key, mx_ct,
                            lambda m, k, per=per: 2 * m * k + codes(m, k, 2, per)
                            + 2 * m * k // 32)
     return v

@@ -170,3 +170,17 @@ json.dump(out, sys.stdout)
 def test_variants_compile_for_sm90_and_gfx942():
     sizes = compiled_json(_COMPILE)
     assert len(sizes) == 8 and all(sizes.values()), sizes
+
+
+def test_mxfp8_cast_transpose_tile_is_its_own(monkeypatch):
+    """MXFP8's cast-transpose entry can move (the sweep's 32x128/2) without moving MXFP4's,
+    and another tile gives the same bits."""
+    from tealite.formats import get_format
+    monkeypatch.setitem(TQMX._TILES, (True, True, "e4m3"), (32, 128, 2))
+    assert TQMX._tile(get_format("e4m3"), True, True) == (32, 128, 2)
+    assert TQMX._tile(get_format("e2m1"), True, True) == TQMX._TILES[(True, True)]
+    recipe = R.MXFP8BlockScaling("e4m3")
+    x = _with_zero_blocks(_hostile(64, 256)).to(DEV)
+    got = _ct(x, recipe, "trans", monkeypatch)
+    monkeypatch.setitem(TQMX._TILES, (True, True, "e4m3"), TQMX._TILES[(True, True)])
+    assert _same(got, _ct(x, recipe, "trans", monkeypatch))
