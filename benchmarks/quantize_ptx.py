@@ -67,12 +67,19 @@ def _mx_pairs(bm, bn, **extra):
     return consts, dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8", qt_ptr="*u8", st_ptr="*u8")
 
 
+def _mx_cols(bn, **extra):
+    """The "cols" MXFP4 cast-transpose (_mx_pairs; 32-row tiles, x.T as int32 words)."""
+    consts, ptrs = _mx_pairs(32, bn, **extra)
+    del consts["BM"]
+    return consts, dict(ptrs, qt_ptr="*i32")
+
+
 def _rows():
     """(name, kernel, tile rows, tile cols, warps, (consts, pointer types))."""
     ct, ctp = TQ._cast_transpose_tensor_kernel, TQ._cast_transpose_tensor_packed_kernel
     blk, blkp = TQB._block_cast_kernel, TQB._block_ct_packed_kernel
     mx, mxp = TQMX._mx_cast_kernel, TQMX._mx_ct_packed_kernel
-    pct = TQMX._mx_fp4_pairs_ct_kernel
+    pct, cct = TQMX._mx_fp4_pairs_ct_kernel, TQMX._mx_fp4_cols_ct_kernel
     return [
         ("fp8-delayed-ct (default)", ct, 64, 128, 4, _fp8(ct, 64, 128, "*u8", GIVEN=True)),
         ("fp8-delayed-ct/packed", ctp, 64, 128, 4,
@@ -101,6 +108,11 @@ def _rows():
         ("mxfp4-ct/arith+finite (now default)", mx, 32, 64, 2,
          _mx(mx, "e2m1", "floor", 32, 64, arith=True, finite=True)),
         ("mxfp4-ct/pairs", pct, 64, 64, 2, _mx_pairs(64, 64, ROW=True)),
+        ("mxfp4-ct/cols 32x256/2", cct, 32, 256, 2, _mx_cols(256, ROW=True)),
+        ("mxfp4-ct/cols 32x256/4", cct, 32, 256, 4, _mx_cols(256, ROW=True)),
+        ("mxfp4-ct/cols 32x512/4", cct, 32, 512, 4, _mx_cols(512, ROW=True)),
+        ("mxfp4-ct/cols 32x128/2", cct, 32, 128, 2, _mx_cols(128, ROW=True)),
+        ("mxfp4-ct/cols 32x256/2 col-only", cct, 32, 256, 2, _mx_cols(256, ROW=False)),
         ("mxfp4-ct/pairs 32x64/2", pct, 32, 64, 2, _mx_pairs(32, 64, ROW=True)),
         ("mxfp4-ct/pairs 64x128/4", pct, 64, 128, 4, _mx_pairs(64, 128, ROW=True)),
         ("mxfp4-ct/pairs 128x64/4", pct, 128, 64, 4, _mx_pairs(128, 64, ROW=True)),

