@@ -17,7 +17,8 @@ Defaults live in ``quantize.CONFIGS``,
 ``VARIANTS``), each a '+'-joined set of atoms: ``packed`` (cast-transpose codes moved as
 32-bit words), ``arith`` (arithmetic E2M1 encoder), ``finite`` (MX encoders without the NaN
 fix-ups no NaN can reach), ``pairs`` (MXFP4 rowwise and cast-transpose from 32-bit words of
-two bf16, own tiles); a row takes the variants whose atoms it has, over their own tiles,
+two bf16, own tiles), ``cols`` (MXFP4 cast-transpose: whole columns per thread, own tiles);
+a row takes the variants whose atoms it has, over their own tiles,
 printed as ``NAME/VARIANT`` and checked bit for bit against the default kernel's outputs.
 ``--tiles N`` times only the first N tiles of each list.  The command of the cast-transpose
 comparison is in docs/benchmarks.md.  ``fp8-delayed-ct`` is the per-tensor cast-transpose
@@ -70,7 +71,7 @@ def _override(table, key, value):
 # A kernel variant is a '+'-joined set of these atoms: {VARIANTS key: value} of the module
 # ("pairs" names the bf16-pair MXFP4 kernels of both directions sets).
 _ATOMS = {"packed": {"ct": "packed"}, "arith": {"e2m1": "arith"}, "finite": {"nan": "skip"},
-          "pairs": {"row": "pairs", "ct": "pairs"}}
+          "pairs": {"row": "pairs", "ct": "pairs"}, "cols": {"row": "pairs", "ct": "cols"}}
 
 
 def _kernel_variants(TQ, TQB, TQMX):
@@ -92,11 +93,14 @@ def _kernel_variants(TQ, TQB, TQMX):
         "block1x128-ct": (TQB.VARIANTS, {"packed"},
                           (TQB._PACKED_TILES, (1, True, True), TQB.PACKED_SWEEP), []),
         "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite"}, mx_packed, mx_ct),
-        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite", "pairs"},
+        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite", "pairs", "cols"},
                      {"packed": mx_packed,
                       "pairs": (TQMX._PAIRS_TILES, (True, True),
                                 [(64, 64, 2), (128, 64, 4), (64, 128, 4), (32, 64, 2),
-                                 (128, 128, 8), (64, 64, 2, 8)])}, mx_ct),
+                                 (128, 128, 8), (64, 64, 2, 8)]),
+                      "cols": (TQMX._COLS_TILES, (True, True),
+                               [(32, 256, 4), (32, 128, 4), (32, 512, 8), (32, 128, 2),
+                                (32, 256, 8), (32, 256, 4, 8)])}, mx_ct),
         "mxfp8-row": (TQMX.VARIANTS, {"finite"}, None, [(64, 128, 4), (32, 256, 8)]),
         "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite", "pairs"},
                       {"pairs": (TQMX._PAIRS_TILES, (True, False),
@@ -280,10 +284,11 @@ def main() -> None:
     kernel_variants = _kernel_variants(TQ, TQB, TQMX)
     wanted = [v for v in args.variant.split(",") if v]
     unknown = {v for v in wanted if v != "default" and not set(v.split("+")) <= set(_ATOMS)}
-    unknown |= {v for v in wanted if {"packed", "pairs"} <= set(v.split("+"))}  # one "ct" each
+    unknown |= {v for v in wanted  # each sets VARIANTS["ct"]: one at a time
+                if len({"packed", "pairs", "cols"} & set(v.split("+"))) > 1}
     if unknown:
         sys.exit(f"--variant: unknown {sorted(unknown)}; give 'default' or '+'-joined atoms "
-                 f"of {sorted(_ATOMS)} (not packed with pairs)")
+                 f"of {sorted(_ATOMS)} (one of packed, pairs, cols)")
     given = torch.full((1,), 3.0, device=dev)
     for name, (recipe, rw, cw, table, key, configs, nbytes) in \
             _variants(TQ, TQB, TQMX).items():
