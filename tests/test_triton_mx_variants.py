@@ -138,12 +138,10 @@ def _half_code_sign_bit(mag, bits, keep, mult, sgn):
 @triton.jit
 def _store_col_words_swapped(qt_ptr, n, pid_m, K, qt_words, a0, a1, a2, a3):
     """_store_col_words with words 1 and 2 exchanged (rows 8-15 and 16-23)."""
-    base = qt_ptr + n.to(tl.int64) * qt_words + pid_m * 4
-    ok = (n < K) & (tl.zeros_like(n) + pid_m * 4 + 3 < qt_words)
-    tl.store(base, a0, mask=ok)
-    tl.store(base + 1, a2, mask=ok)
-    tl.store(base + 2, a1, mask=ok)
-    tl.store(base + 3, a3, mask=ok)
+    quad = tl.reshape(tl.join(tl.join(a0, a1), tl.join(a2, a3)), (n.shape[0], 4))
+    w = pid_m * 4 + tl.arange(0, 4)
+    tl.store(qt_ptr + n.to(tl.int64)[:, None] * qt_words + w[None, :], quad,
+             mask=(n < K)[:, None] & (w < qt_words)[None, :])
 
 
 @pytest.mark.skipif(DEV != "cpu", reason="patches jit helpers: only the interpreter re-reads them")

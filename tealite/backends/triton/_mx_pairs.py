@@ -187,14 +187,13 @@ def _col_pass_words(x_ptr, pid_m, words, M, KW, j, keep, mult, sgn):
 
 @triton.jit
 def _store_col_words(qt_ptr, n, pid_m, K, qt_words, a0, a1, a2, a3):
-    """x.T row ``n``'s 16 code bytes of tile row pid_m (rows pid_m * 32 ...), as 4 words."""
-    base = qt_ptr + n.to(tl.int64) * qt_words + pid_m * 4
-    first = tl.zeros_like(n) + pid_m * 4
-    ok = n < K
-    tl.store(base, a0, mask=ok & (first < qt_words))
-    tl.store(base + 1, a1, mask=ok & (first + 1 < qt_words))
-    tl.store(base + 2, a2, mask=ok & (first + 2 < qt_words))
-    tl.store(base + 3, a3, mask=ok & (first + 3 < qt_words))
+    """x.T rows ``n``: the 16 code bytes of tile row pid_m (x rows pid_m * 32 ...), the words
+    a0 .. a3 joined into one (len(n), 4) tile so that each row's 16 bytes leave as one
+    vector store."""
+    quad = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (n.shape[0], 4))  # a0..a3
+    w = pid_m * 4 + tl.arange(0, 4)
+    tl.store(qt_ptr + n.to(tl.int64)[:, None] * qt_words + w[None, :], quad,
+             mask=(n < K)[:, None] & (w < qt_words)[None, :])
 
 
 @triton.jit
