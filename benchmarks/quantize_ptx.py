@@ -74,12 +74,21 @@ def _mx_cols(bn, **extra):
     return consts, dict(ptrs, qt_ptr="*i32")
 
 
+def _mx8_cols(bn):
+    """The MXFP8 "cols" cast-transpose (e4m3, RCEIL, finite; x.T as int32 words)."""
+    consts, ptrs = _mx(TQMX._mx_cast_kernel, "e4m3", "rceil", 32, bn, finite=True)
+    for n in ("FP4", "FP4_ARITH", "BM", "COL"):
+        consts.pop(n, None)
+    return consts, dict(ptrs, qt_ptr="*i32")
+
+
 def _rows():
     """(name, kernel, tile rows, tile cols, warps, (consts, pointer types))."""
     ct, ctp = TQ._cast_transpose_tensor_kernel, TQ._cast_transpose_tensor_packed_kernel
     blk, blkp = TQB._block_cast_kernel, TQB._block_ct_packed_kernel
     mx, mxp = TQMX._mx_cast_kernel, TQMX._mx_ct_packed_kernel
     pct, cct = TQMX._mx_fp4_pairs_ct_kernel, TQMX._mx_fp4_cols_ct_kernel
+    c8 = TQMX._mx_fp8_cols_ct_kernel
     return [
         ("fp8-delayed-ct (default)", ct, 64, 128, 4, _fp8(ct, 64, 128, "*u8", GIVEN=True)),
         ("fp8-delayed-ct/packed", ctp, 64, 128, 4,
@@ -93,6 +102,14 @@ def _rows():
         ("mxfp8-ct (default)", mx, 32, 64, 2, _mx(mx, "e4m3", "rceil", 32, 64)),
         ("mxfp8-ct/packed", mxp, 32, 64, 2, _mx(mxp, "e4m3", "rceil", 32, 64)),
         ("mxfp8-ct/packed 64x64", mxp, 64, 64, 2, _mx(mxp, "e4m3", "rceil", 64, 64)),
+        ("mxfp8-ct/finite (now default)", mx, 32, 64, 2,
+         _mx(mx, "e4m3", "rceil", 32, 64, finite=True)),
+        ("mxfp8-ct/finite 32x128/2", mx, 32, 128, 2,
+         _mx(mx, "e4m3", "rceil", 32, 128, finite=True)),
+        ("mxfp8-ct/cols 32x128/4", c8, 32, 128, 4, _mx8_cols(128)),
+        ("mxfp8-ct/cols 32x256/4", c8, 32, 256, 4, _mx8_cols(256)),
+        ("mxfp8-ct/cols 32x256/8", c8, 32, 256, 8, _mx8_cols(256)),
+        ("mxfp8-ct/cols 32x128/2", c8, 32, 128, 2, _mx8_cols(128)),
         ("mxfp8-ct/packed+finite 64x64", mxp, 64, 64, 2,
          _mx(mxp, "e4m3", "rceil", 64, 64, finite=True)),
         ("mxfp4-row (default)", mx, 32, 128, 4, _mx(mx, "e2m1", "floor", 32, 128, col=False)),

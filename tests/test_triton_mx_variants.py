@@ -2,10 +2,11 @@
 and "ct": "pairs" / "cols", _mx_pairs.py) give the default kernels' bits: through Triton's interpreter
 in CI, cross-compiled for sm_90 and gfx942.
 
-* The bf16-pair MXFP4 rowwise and cast-transpose kernels ("cols" too) write the default kernels' codes and
+* The bf16-pair MXFP4 rowwise and cast-transpose kernels ("cols" too) and the MXFP8 "cols"
+  cast-transpose write the default kernels' codes and
   scales on hostile inputs (NaN / Inf blocks, subnormals, E2M1 ties, all-zero blocks, partial
   blocks and tiles), and really run; where they cannot (odd K, odd M for the cast-transpose,
-  fp32 x, ties-away, an odd element offset) the default kernel runs.
+  fp32 x, ties-away, an odd element offset; M % 4 for MXFP8 "cols") the default kernel runs.
 * A seeded bug in it (the NaN-scale blocks' mask left out, the sign from the wrong bit) is caught.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tealite import recipes as R
 
 from _helpers_cross_compile import compiled_json
 from _helpers_triton_quantize import DEV, needs_triton
-from test_triton_ct_variants import _Spy, _bits, _hostile, _same
+from test_triton_ct_variants import _MX, _Spy, _bits, _hostile, _same
 
 pytestmark = needs_triton
 
@@ -90,12 +91,27 @@ def test_cols_ct_gives_the_default_bits_and_runs(rowwise, monkeypatch):
     monkeypatch.setattr(TQMX, "_mx_fp4_cols_ct_kernel", spy)
     recipe = R.MXFP4BlockScaling()
     # M a multiple of 8 (whole and partial 32-row tiles) runs it; 36 % 8 != 0 falls back.
-    for seed, shape in enumerate([(64, 512), (40, 96), (72, 258), (8, 2), (36, 64)]):
+    for seed, shape in enumerate([(64, 256), (40, 98), (8, 2), (36, 64)]):
         x = _with_zero_blocks(_hostile(*shape, seed=seed)).to(DEV)
         want = _ct(x, recipe, "trans", monkeypatch, rowwise)
         before = spy.launches
         assert _same(_ct(x, recipe, "cols", monkeypatch, rowwise), want), shape
         assert spy.launches - before == int(shape[0] % 8 == 0), shape
+
+
+@pytest.mark.parametrize("name, rowwise", [("mxfp8", True), ("mxfp8-e5m2-floor", False)],
+                         ids=["ct-e4m3-rceil", "col-only-e5m2-floor"])
+def test_mxfp8_cols_ct_gives_the_default_bits_and_runs(name, rowwise, monkeypatch):
+    spy = _Spy(TQMX._mx_fp8_cols_ct_kernel)
+    monkeypatch.setattr(TQMX, "_mx_fp8_cols_ct_kernel", spy)
+    recipe = _MX[name]
+    # M a multiple of 4 runs it (whole and partial 32-row tiles); 38 falls back.
+    for seed, shape in enumerate([(64, 256), (36, 98), (4, 2), (38, 64)]):
+        x = _with_zero_blocks(_hostile(*shape, seed=seed)).to(DEV)
+        want = _ct(x, recipe, "trans", monkeypatch, rowwise)
+        before = spy.launches
+        assert _same(_ct(x, recipe, "cols", monkeypatch, rowwise), want), shape
+        assert spy.launches - before == int(shape[0] % 4 == 0), shape
 
 
 @pytest.mark.parametrize("case", ["odd-m", "odd-k", "fp32", "ties-away", "odd-offset"])
@@ -136,10 +152,10 @@ def _half_code_sign_bit(mag, bits, keep, mult, sgn):
 
 
 @triton.jit
-def _store_col_words_swapped(qt_ptr, n, pid_m, K, qt_words, a0, a1, a2, a3):
-    """_store_col_words with words 1 and 2 exchanged (rows 8-15 and 16-23)."""
+def _store_col_words_swapped(qt_ptr, n, w0, K, qt_words, a0, a1, a2, a3):
+    """_store_col_words with words 1 and 2 exchanged."""
     quad = tl.reshape(tl.join(tl.join(a0, a1), tl.join(a2, a3)), (n.shape[0], 4))
-    w = pid_m * 4 + tl.arange(0, 4)
+    w = w0 + tl.arange(0, 4)
     tl.store(qt_ptr + n.to(tl.int64)[:, None] * qt_words + w[None, :], quad,
              mask=(n < K)[:, None] & (w < qt_words)[None, :])
 
@@ -200,13 +216,21 @@ for row in (True,):  # rowwise-and-columnwise: the columnwise-only kernel is a s
     for target in (("cuda", 90, 32), ("hip", "gfx942", 64)):
         out[f"cols-ct-{row}-{target[1]}"] = build(TQMX._mx_fp4_cols_ct_kernel, consts,
                                                   dict(ptrs, qt_ptr="*i32"), target, 4)
+from tealite.backends.triton._codecs import _fmt_constants
+from tealite.formats import get_format
+for target, hw in ((("cuda", 90, 32), True), (("hip", "gfx942", 64), False)):
+    fmt = get_format("e4m3")
+    consts = dict(_fmt_constants(fmt), **_mx_scale_constants("e4m3", "rceil"), ROW=True,
+                  TIES_AWAY=False, X_BF16=True, HW_FP8=hw, BN=128, GROUP_M=1, FINITE=True)
+    ptrs = dict(x_ptr="*i16", q_ptr="*u8", s_ptr="*u8", qt_ptr="*i32", st_ptr="*u8")
+    out[f"mxfp8-cols-{target[1]}"] = build(TQMX._mx_fp8_cols_ct_kernel, consts, ptrs, target, 4)
 json.dump(out, sys.stdout)
 """
 
 
 def test_variants_compile_for_sm90_and_gfx942():
     sizes = compiled_json(_COMPILE)
-    assert len(sizes) == 6 and all(sizes.values()), sizes
+    assert len(sizes) == 8 and all(sizes.values()), sizes
 
 
 def test_mxfp8_cast_transpose_tile_is_its_own(monkeypatch):

@@ -186,12 +186,12 @@ def _col_pass_words(x_ptr, pid_m, words, M, KW, j, keep, mult, sgn):
 
 
 @triton.jit
-def _store_col_words(qt_ptr, n, pid_m, K, qt_words, a0, a1, a2, a3):
-    """x.T rows ``n``: the 16 code bytes of tile row pid_m (x rows pid_m * 32 ...), the words
-    a0 .. a3 joined into one (len(n), 4) tile so that each row's 16 bytes leave as one
-    vector store."""
+def _store_col_words(qt_ptr, n, w0, K, qt_words, a0, a1, a2, a3):
+    """x.T rows ``n``: words w0 .. w0 + 3 (16 code bytes) are a0 .. a3, joined into one
+    (len(n), 4) tile so that each row's 16 bytes leave as one vector store (quantize_mx's
+    MXFP8 "cols" kernel stores two such per 32-row block)."""
     quad = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (n.shape[0], 4))  # a0..a3
-    w = pid_m * 4 + tl.arange(0, 4)
+    w = w0 + tl.arange(0, 4)
     tl.store(qt_ptr + n.to(tl.int64)[:, None] * qt_words + w[None, :], quad,
              mask=(n < K)[:, None] & (w < qt_words)[None, :])
 
@@ -256,8 +256,8 @@ def _mx_fp4_cols_ct_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, KW, q_row_byt
             l3 |= clo << sh
             h3 |= chi << sh
     K = 2 * KW
-    _store_col_words(qt_ptr, 2 * words, pid_m, K, qt_words, l0, l1, l2, l3)
-    _store_col_words(qt_ptr, 2 * words + 1, pid_m, K, qt_words, h0, h1, h2, h3)
+    _store_col_words(qt_ptr, 2 * words, pid_m * 4, K, qt_words, l0, l1, l2, l3)
+    _store_col_words(qt_ptr, 2 * words + 1, pid_m * 4, K, qt_words, h0, h1, h2, h3)
     smask = tl.zeros_like(words) + pid_m < tl.cdiv(M, 32)
     tl.store(st_ptr + (2 * words).to(tl.int64) * st_stride + pid_m, blo.to(tl.uint8),
              mask=(2 * words < K) & smask)

@@ -34,7 +34,7 @@ from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_f
                                              _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
 from tealite.backends.triton._mx_pairs import (_mx_fp4_cols_ct_kernel, _mx_fp4_pairs_ct_kernel,
-                                               _mx_fp4_pairs_kernel)
+                                               _mx_fp4_pairs_kernel, _store_col_words)
 from tealite.formats import ElementRounding, get_format
 
 MX_BLOCK = 32
@@ -82,7 +82,8 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 #   transposed); same conditions and M even (else the "ct" default, "trans").  "cols"
 #   (MXFP4, M % 8 == 0): the columnwise side from the tile's rows read one by one, so a
 #   thread holds whole columns: in-thread column blocks and scales, codes built as x.T words
-#   (no transpose); the rowwise side as "pairs".
+#   (no transpose); the rowwise side as "pairs".  MXFP8 "cols" (M % 4 == 0): the same
+#   columnwise structure, rowwise as the default kernel (_mx_fp8_cols_ct_kernel).
 VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "tile"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
 # multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
@@ -95,7 +96,9 @@ _PAIRS_TILES = {(True, False): (32, 128, 4), (False, True): (64, 64, 2), (True, 
 # ignored): 32 x 256 on 4 warps is one word (2 columns) per thread and row, 38.5 SASS / el
 # on sm_90a against 49.0 for the default (2 words per thread, on 2 warps: layout changes
 # through shared memory, 21 barriers); not yet timed on a GPU.
-_COLS_TILES = {(False, True): (32, 256, 4), (True, True): (32, 256, 4)}
+_COLS_TILES = {(False, True, True): (32, 256, 4), (True, True, True): (32, 256, 4),
+               # MXFP8 (quantize_mx._mx_fp8_cols_ct_kernel): (rowwise, columnwise, FP4 False).
+               (False, True, False): (32, 128, 4), (True, True, False): (32, 128, 4)}
 
 
 @triton.jit
@@ -271,6 +274,75 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
     _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM)
 
 
+@triton.jit
+def _load_row(x_ptr, row, cols, M, K, X_BF16: tl.constexpr):
+    """fp32 x[row, cols] of one row (a scalar), 0 past the ends."""
+    rows = tl.zeros_like(cols) + row  # a vector mask (the interpreter rejects scalar & vector)
+    return load_f32(x_ptr, rows.to(tl.int64) * K + cols, (cols < K) & (rows < M), X_BF16)
+
+
+@triton.jit
+def _fp8_col_word(x_ptr, row0, cols, M, K, byte, TIES_AWAY: tl.constexpr, FMAX: tl.constexpr,
+                  MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                  FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                  X_BF16: tl.constexpr, HW_FP8: tl.constexpr, FINITE: tl.constexpr):
+    """int32 words of the FP8 codes of x rows row0 .. row0 + 3 (byte r = row row0 + r) in
+    columns ``cols``, each column's block scale ``byte``: one word of x.T per column."""
+    word = tl.zeros_like(cols)
+    for r in tl.static_range(4):
+        y = _mx_descale(_load_row(x_ptr, row0 + r, cols, M, K, X_BF16), byte)
+        code = _mx_encode(y, False, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                          SUB_SCALE, HW_FP8, False, FINITE)
+        word = word | (code.to(tl.int32) << (8 * r))
+    return word
+
+
+@triton.jit
+def _mx_fp8_cols_ct_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_words,
+                           s_stride, st_stride,
+                           ROW: tl.constexpr, TIES_AWAY: tl.constexpr, MODE: tl.constexpr,
+                           EMAX: tl.constexpr, MBITS: tl.constexpr, FMAX: tl.constexpr,
+                           EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                           NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                           X_BF16: tl.constexpr, HW_FP8: tl.constexpr, BN: tl.constexpr,
+                           GROUP_M: tl.constexpr = 1, FINITE: tl.constexpr = False):
+    """MXFP8 cast-transpose of ``VARIANTS["ct"] == "cols"`` on a (32, BN) tile (M % 4 == 0;
+    ``qt_ptr`` the x.T codes as int32 words, ``qt_words`` per row), as _mx_pairs' MXFP4
+    "cols" kernel: the columnwise side reads the tile row by row as 1-D vectors, so a thread
+    holds whole columns (in-thread block amax and scale, once per column), and builds each
+    column's 32 codes as 8 words of x.T (two 16-byte stores, no transpose).  Rows are read
+    twice (amaxes, then codes; the second time from cache).  ROW: the rowwise side is the
+    default kernel's (_mx_rows) on the tile read as one 2-D tile."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, 32), tl.cdiv(K, BN), GROUP_M)
+    cols = pid_n * BN + tl.arange(0, BN)
+    if ROW:
+        rows = pid_m * 32 + tl.arange(0, 32)
+        mask = (rows < M)[:, None] & (cols < K)[None, :]
+        x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+        _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, False, TIES_AWAY,
+                 MODE, EMAX, MBITS, FMAX, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, HW_FP8, False,
+                 FINITE, 32, BN)
+    amax = tl.zeros((BN,), dtype=tl.int32)
+    for j in tl.static_range(32):
+        x = _load_row(x_ptr, pid_m * 32 + j, cols, M, K, X_BF16)
+        amax = tl.maximum(amax, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)  # as _mag_max
+    byte = _e8m0_scale(amax.to(tl.float32, bitcast=True), MODE, EMAX, MBITS, FMAX)
+    for h in tl.static_range(2):  # x.T words pid_m * 8 + 4h ..: rows 16h .. 16h + 15
+        row0 = pid_m * 32 + 16 * h
+        a0 = _fp8_col_word(x_ptr, row0, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN, BIAS,
+                           FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        a1 = _fp8_col_word(x_ptr, row0 + 4, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN,
+                           BIAS, FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        a2 = _fp8_col_word(x_ptr, row0 + 8, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN,
+                           BIAS, FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        a3 = _fp8_col_word(x_ptr, row0 + 12, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN,
+                           BIAS, FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        _store_col_words(qt_ptr, cols, pid_m * 8 + 4 * h, K, qt_words, a0, a1, a2, a3)
+    smask = (cols < K) & (tl.zeros_like(cols) + pid_m < tl.cdiv(M, 32))
+    tl.store(st_ptr + cols.to(tl.int64) * st_stride + pid_m, byte.to(tl.uint8), mask=smask)
+
+
 def _n_blocks(n: int) -> int:
     """E8M0 scales per row of n elements (the last block may be partial)."""
     return -(-n // MX_BLOCK)
@@ -315,6 +387,12 @@ def _pairs(x: torch.Tensor, fmt, recipe, rowwise: bool, columnwise: bool) -> boo
             and x.storage_offset() % 2 == 0)
 
 
+def _fp8_cols(m: int, fmt) -> bool:
+    """Whether the MXFP8 "cols" cast-transpose runs: chosen, and x.T rows are whole 32-bit
+    words (M % 4 == 0)."""
+    return VARIANTS["ct"] == "cols" and not fmt.packed and m % 4 == 0
+
+
 def _finite(fmt, rowwise: bool, columnwise: bool) -> bool:
     """Whether the encoders skip their NaN / Inf handling (VARIANTS["nan"])."""
     mode = VARIANTS["nan"]
@@ -341,9 +419,18 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
                       HW_FP8=hw_fp8(x.device), FP4_ARITH=VARIANTS["e2m1"] == "arith",
                       FINITE=_finite(fmt, rowwise, columnwise))
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
-        if _pairs(x, fmt, recipe, rowwise, columnwise):
-            bm, bn, warps, *group = (_COLS_TILES if columnwise and VARIANTS["ct"] == "cols"
-                                     else _PAIRS_TILES)[(rowwise, columnwise)]
+        if columnwise and _fp8_cols(m, fmt):
+            bn, warps, *group = _COLS_TILES[(rowwise, columnwise, False)][1:]
+            words = qt.view(torch.int32)
+            _mx_fp8_cols_ct_kernel[(triton.cdiv(m, 32) * triton.cdiv(k, bn),)](
+                as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s, words,
+                st, m, k, _row_stride(q), words.stride(0), _row_stride(s), st.stride(0),
+                ROW=rowwise, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps,
+                **{n: v for n, v in consts.items() if n not in ("FP4", "FP4_ARITH")})
+        elif _pairs(x, fmt, recipe, rowwise, columnwise):
+            bm, bn, warps, *group = (_COLS_TILES[(rowwise, columnwise, True)]
+                                     if columnwise and VARIANTS["ct"] == "cols"
+                                     else _PAIRS_TILES[(rowwise, columnwise)])
             grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
             scale = {n: consts[n] for n in ("MODE", "EMAX", "MBITS", "FMAX")}
             launch = dict(BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps)
