@@ -17,7 +17,7 @@ Defaults live in ``quantize.CONFIGS``,
 ``VARIANTS``), each a '+'-joined set of atoms: ``packed`` (cast-transpose codes moved as
 32-bit words), ``arith`` (arithmetic E2M1 encoder), ``finite`` (MX encoders without the NaN
 fix-ups no NaN can reach), ``pairs`` (MXFP4 rowwise and cast-transpose from 32-bit words of
-two bf16, own tiles), ``cols`` (MXFP4 cast-transpose: whole columns per thread, own tiles);
+two bf16, own tiles), ``cols`` (MX cast-transposes: whole columns per thread, own tiles);
 a row takes the variants whose atoms it has, over their own tiles,
 printed as ``NAME/VARIANT`` and checked bit for bit against the default kernel's outputs.
 ``--tiles N`` times only the first N tiles of each list.  The command of the cast-transpose
@@ -92,13 +92,17 @@ def _kernel_variants(TQ, TQB, TQMX):
         "fp8-delayed-ct": (TQ.VARIANTS, {"packed"}, tensor_packed, []),
         "block1x128-ct": (TQB.VARIANTS, {"packed"},
                           (TQB._PACKED_TILES, (1, True, True), TQB.PACKED_SWEEP), []),
-        "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite"}, mx_packed, mx_ct),
+        "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite", "cols"},
+                     {"packed": mx_packed,
+                      "cols": (TQMX._COLS_TILES, (True, True, False),
+                               [(32, 128, 4), (32, 256, 4), (32, 256, 8), (32, 128, 2),
+                                (32, 512, 8), (32, 128, 4, 8)])}, mx_ct),
         "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite", "pairs", "cols"},
                      {"packed": mx_packed,
                       "pairs": (TQMX._PAIRS_TILES, (True, True),
                                 [(64, 64, 2), (128, 64, 4), (64, 128, 4), (32, 64, 2),
                                  (128, 128, 8), (64, 64, 2, 8)]),
-                      "cols": (TQMX._COLS_TILES, (True, True),
+                      "cols": (TQMX._COLS_TILES, (True, True, True),
                                [(32, 256, 4), (32, 128, 4), (32, 512, 8), (32, 128, 2),
                                 (32, 256, 8), (32, 256, 4, 8)])}, mx_ct),
         "mxfp8-row": (TQMX.VARIANTS, {"finite"}, None, [(64, 128, 4), (32, 256, 8)]),
