@@ -1,6 +1,6 @@
 """The MX kernel variants added after the fifth session's sweep (quantize_mx.VARIANTS "row"
-and "ct": "pairs" / "cols", _mx_pairs.py) give the default kernels' bits: through Triton's interpreter
-in CI, cross-compiled for sm_90 and gfx942.
+and "ct": "pairs" / "cols", _mx_pairs.py) give the default kernels' bits: through Triton's
+interpreter in CI, cross-compiled for sm_90 and gfx942.
 
 * The bf16-pair MXFP4 rowwise and cast-transpose kernels ("cols" too) and the MXFP8 "cols"
   cast-transpose write the default kernels' codes and
