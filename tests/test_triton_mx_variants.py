@@ -116,9 +116,10 @@ def test_mxfp8_cols_ct_gives_the_default_bits_and_runs(name, rowwise, monkeypatc
 
 @pytest.mark.parametrize("case", ["odd-m", "odd-k", "fp32", "ties-away", "odd-offset"])
 def test_pairs_falls_back_where_it_cannot_run(case, monkeypatch):
-    spies = [_Spy(TQMX._mx_fp4_pairs_kernel), _Spy(TQMX._mx_fp4_pairs_ct_kernel)]
-    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_kernel", spies[0])
-    monkeypatch.setattr(TQMX, "_mx_fp4_pairs_ct_kernel", spies[1])
+    names = ["_mx_fp4_pairs_kernel", "_mx_fp4_pairs_ct_kernel", "_mx_fp4_cols_ct_kernel"]
+    spies = [_Spy(getattr(TQMX, n)) for n in names]
+    for n, spy in zip(names, spies):
+        monkeypatch.setattr(TQMX, n, spy)
     recipe = R.MXFP4BlockScaling("even", "ties_away") if case == "ties-away" \
         else R.MXFP4BlockScaling()
     x = _hostile(7 if case == "odd-m" else 8, 67 if case == "odd-k" else 64).to(DEV)
@@ -134,9 +135,10 @@ def test_pairs_falls_back_where_it_cannot_run(case, monkeypatch):
                                                backend="triton"))
         monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row="tile", ct="trans"))
         want = quant()
-        monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row="pairs", ct="pairs"))
-        assert _same(quant(), want), columnwise
-    assert spies[0].launches == spies[1].launches == 0
+        for ct in ("pairs", "cols"):
+            monkeypatch.setattr(TQMX, "VARIANTS", dict(TQMX.VARIANTS, row="pairs", ct=ct))
+            assert _same(quant(), want), (columnwise, ct)
+    assert [spy.launches for spy in spies] == [0, 0, 0]
 
 
 @triton.jit
