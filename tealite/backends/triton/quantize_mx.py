@@ -399,6 +399,31 @@ def _finite(fmt, rowwise: bool, columnwise: bool) -> bool:
     return mode == "skip" or (mode == "auto" and (fmt.packed or columnwise))
 
 
+def _launch_fp4_pairs(x, q, s, qt, st, consts: dict, rowwise: bool, columnwise: bool, dummy):
+    """Launch the _mx_pairs kernel that ``VARIANTS`` picks (``_pairs`` said one runs)."""
+    m, k = x.shape
+    xw = x.view(torch.int32)
+    scale = {n: consts[n] for n in ("MODE", "EMAX", "MBITS", "FMAX")}
+    q_arg, s_arg = (q, s) if rowwise else (dummy, dummy)
+    if columnwise and VARIANTS["ct"] == "cols":
+        _, bn, warps, *group = _COLS_TILES[(rowwise, columnwise, True)]  # 32 rows
+        words = qt.view(torch.int32)
+        _mx_fp4_cols_ct_kernel[(triton.cdiv(m, 32) * triton.cdiv(k, bn),)](
+            xw, q_arg, s_arg, words, st, m, k // 2, _row_stride(q), words.stride(0),
+            _row_stride(s), st.stride(0), ROW=rowwise, BN=bn,
+            GROUP_M=group[0] if group else 1, num_warps=warps, **scale)
+        return
+    bm, bn, warps, *group = _PAIRS_TILES[(rowwise, columnwise)]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
+    launch = dict(BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps, **scale)
+    if columnwise:
+        _mx_fp4_pairs_ct_kernel[grid](xw, q_arg, s_arg, qt, st, m, k // 2, _row_stride(q),
+                                      qt.stride(0), _row_stride(s), st.stride(0), ROW=rowwise,
+                                      **launch)
+    else:
+        _mx_fp4_pairs_kernel[grid](xw, q, s, m, k // 2, q.stride(0), s.stride(0), **launch)
+
+
 def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
     """(data, scale_inv, columnwise_data, columnwise_scale_inv) of an MX recipe; the
     directions not asked for are None."""
@@ -420,7 +445,7 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
                       FINITE=_finite(fmt, rowwise, columnwise))
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
         if columnwise and _fp8_cols(m, fmt):
-            bn, warps, *group = _COLS_TILES[(rowwise, columnwise, False)][1:]
+            _, bn, warps, *group = _COLS_TILES[(rowwise, columnwise, False)]  # 32 rows
             words = qt.view(torch.int32)
             _mx_fp8_cols_ct_kernel[(triton.cdiv(m, 32) * triton.cdiv(k, bn),)](
                 as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s, words,
@@ -428,27 +453,7 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
                 ROW=rowwise, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps,
                 **{n: v for n, v in consts.items() if n not in ("FP4", "FP4_ARITH")})
         elif _pairs(x, fmt, recipe, rowwise, columnwise):
-            bm, bn, warps, *group = (_COLS_TILES[(rowwise, columnwise, True)]
-                                     if columnwise and VARIANTS["ct"] == "cols"
-                                     else _PAIRS_TILES[(rowwise, columnwise)])
-            grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
-            scale = {n: consts[n] for n in ("MODE", "EMAX", "MBITS", "FMAX")}
-            launch = dict(BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps)
-            if columnwise and VARIANTS["ct"] == "cols":
-                words = qt.view(torch.int32)
-                _mx_fp4_cols_ct_kernel[(triton.cdiv(m, 32) * triton.cdiv(k, bn),)](
-                    x.view(torch.int32), dummy if q is None else q, dummy if s is None else s,
-                    words, st, m, k // 2, _row_stride(q), words.stride(0), _row_stride(s),
-                    st.stride(0), ROW=rowwise, BN=bn, GROUP_M=launch["GROUP_M"],
-                    num_warps=warps, **scale)
-            elif columnwise:
-                _mx_fp4_pairs_ct_kernel[grid](
-                    x.view(torch.int32), dummy if q is None else q, dummy if s is None else s,
-                    qt, st, m, k // 2, _row_stride(q), qt.stride(0), _row_stride(s),
-                    st.stride(0), ROW=rowwise, **launch, **scale)
-            else:
-                _mx_fp4_pairs_kernel[grid](x.view(torch.int32), q, s, m, k // 2, q.stride(0),
-                                           s.stride(0), **launch, **scale)
+            _launch_fp4_pairs(x, q, s, qt, st, consts, rowwise, columnwise, dummy)
         elif columnwise and _packs(m, fmt):
             bm, bn, warps, *group = _PACKED_TILES[(rowwise, columnwise)]
             words = qt.view(torch.int32)
