@@ -61,11 +61,34 @@ def _mx(kernel, name, mode, bm, bn, row=True, col=True, arith=False, finite=Fals
                     for n in kernel.arg_names if n.endswith("_ptr")}
 
 
+def _mx_pairs(bm, bn, **extra):
+    """A bf16-pair MXFP4 kernel (_mx_pairs; quantize_mx VARIANTS "pairs")."""
+    consts = dict(_mx_scale_constants("e2m1", "floor"), BM=bm, BN=bn, GROUP_M=1, **extra)
+    return consts, dict(x_ptr="*i32", q_ptr="*u8", s_ptr="*u8", qt_ptr="*u8", st_ptr="*u8")
+
+
+def _mx_cols(bn, **extra):
+    """The "cols" MXFP4 cast-transpose (_mx_pairs; 32-row tiles, x.T as int32 words)."""
+    consts, ptrs = _mx_pairs(32, bn, **extra)
+    del consts["BM"]
+    return consts, dict(ptrs, qt_ptr="*i32")
+
+
+def _mx8_cols(bn):
+    """The MXFP8 "cols" cast-transpose (e4m3, RCEIL, finite; x.T as int32 words)."""
+    consts, ptrs = _mx(TQMX._mx_cast_kernel, "e4m3", "rceil", 32, bn, finite=True)
+    for n in ("FP4", "FP4_ARITH", "BM", "COL"):
+        consts.pop(n, None)
+    return consts, dict(ptrs, qt_ptr="*i32")
+
+
 def _rows():
     """(name, kernel, tile rows, tile cols, warps, (consts, pointer types))."""
     ct, ctp = TQ._cast_transpose_tensor_kernel, TQ._cast_transpose_tensor_packed_kernel
     blk, blkp = TQB._block_cast_kernel, TQB._block_ct_packed_kernel
     mx, mxp = TQMX._mx_cast_kernel, TQMX._mx_ct_packed_kernel
+    pct, cct = TQMX._mx_fp4_pairs_ct_kernel, TQMX._mx_fp4_cols_ct_kernel
+    c8 = TQMX._mx_fp8_cols_ct_kernel
     return [
         ("fp8-delayed-ct (default)", ct, 64, 128, 4, _fp8(ct, 64, 128, "*u8", GIVEN=True)),
         ("fp8-delayed-ct/packed", ctp, 64, 128, 4,
@@ -76,18 +99,41 @@ def _rows():
         ("block1x128-ct/packed 8 warps", blkp, 128, 128, 8,
          _fp8(blkp, 128, 128, "*i32", EVEN=True)),
         ("mxfp8-row (default)", mx, 32, 128, 4, _mx(mx, "e4m3", "rceil", 32, 128, col=False)),
-        ("mxfp8-ct (default)", mx, 32, 64, 2, _mx(mx, "e4m3", "rceil", 32, 64)),
+        ("mxfp8-ct (NaN fix-ups; before)", mx, 32, 64, 2, _mx(mx, "e4m3", "rceil", 32, 64)),
         ("mxfp8-ct/packed", mxp, 32, 64, 2, _mx(mxp, "e4m3", "rceil", 32, 64)),
         ("mxfp8-ct/packed 64x64", mxp, 64, 64, 2, _mx(mxp, "e4m3", "rceil", 64, 64)),
+        ("mxfp8-ct/finite (now default)", mx, 32, 64, 2,
+         _mx(mx, "e4m3", "rceil", 32, 64, finite=True)),
+        ("mxfp8-ct/finite 32x128/2", mx, 32, 128, 2,
+         _mx(mx, "e4m3", "rceil", 32, 128, finite=True)),
+        ("mxfp8-ct/cols 32x128/4", c8, 32, 128, 4, _mx8_cols(128)),
+        ("mxfp8-ct/cols 32x256/4", c8, 32, 256, 4, _mx8_cols(256)),
+        ("mxfp8-ct/cols 32x256/8", c8, 32, 256, 8, _mx8_cols(256)),
+        ("mxfp8-ct/cols 32x128/2", c8, 32, 128, 2, _mx8_cols(128)),
         ("mxfp8-ct/packed+finite 64x64", mxp, 64, 64, 2,
          _mx(mxp, "e4m3", "rceil", 64, 64, finite=True)),
-        ("mxfp4-row (default)", mx, 32, 128, 4, _mx(mx, "e2m1", "floor", 32, 128, col=False)),
+        ("mxfp4-row (ladder; before)", mx, 32, 128, 4,
+         _mx(mx, "e2m1", "floor", 32, 128, col=False)),
         ("mxfp4-row/arith", mx, 32, 128, 4,
          _mx(mx, "e2m1", "floor", 32, 128, col=False, arith=True)),
-        ("mxfp4-row/arith+finite", mx, 32, 128, 4,
+        ("mxfp4-row/arith+finite (now default)", mx, 32, 128, 4,
          _mx(mx, "e2m1", "floor", 32, 128, col=False, arith=True, finite=True)),
-        ("mxfp4-ct (default)", mx, 32, 64, 2, _mx(mx, "e2m1", "floor", 32, 64)),
+        ("mxfp4-row/pairs", TQMX._mx_fp4_pairs_kernel, 32, 128, 4, _mx_pairs(32, 128)),
+        ("mxfp4-row/pairs 64x128/8", TQMX._mx_fp4_pairs_kernel, 64, 128, 8, _mx_pairs(64, 128)),
+        ("mxfp4-row/pairs 32x256/8", TQMX._mx_fp4_pairs_kernel, 32, 256, 8, _mx_pairs(32, 256)),
+        ("mxfp4-ct (ladder; before)", mx, 32, 64, 2, _mx(mx, "e2m1", "floor", 32, 64)),
         ("mxfp4-ct/arith", mx, 32, 64, 2, _mx(mx, "e2m1", "floor", 32, 64, arith=True)),
+        ("mxfp4-ct/arith+finite (now default)", mx, 32, 64, 2,
+         _mx(mx, "e2m1", "floor", 32, 64, arith=True, finite=True)),
+        ("mxfp4-ct/pairs", pct, 64, 64, 2, _mx_pairs(64, 64, ROW=True)),
+        ("mxfp4-ct/cols 32x256/2", cct, 32, 256, 2, _mx_cols(256, ROW=True)),
+        ("mxfp4-ct/cols 32x256/4", cct, 32, 256, 4, _mx_cols(256, ROW=True)),
+        ("mxfp4-ct/cols 32x512/4", cct, 32, 512, 4, _mx_cols(512, ROW=True)),
+        ("mxfp4-ct/cols 32x128/2", cct, 32, 128, 2, _mx_cols(128, ROW=True)),
+        ("mxfp4-ct/cols 32x256/2 col-only", cct, 32, 256, 2, _mx_cols(256, ROW=False)),
+        ("mxfp4-ct/pairs 32x64/2", pct, 32, 64, 2, _mx_pairs(32, 64, ROW=True)),
+        ("mxfp4-ct/pairs 64x128/4", pct, 64, 128, 4, _mx_pairs(64, 128, ROW=True)),
+        ("mxfp4-ct/pairs 128x64/4", pct, 128, 64, 4, _mx_pairs(128, 64, ROW=True)),
         ("mxfp4-ct/packed+arith+finite 64x64", mxp, 64, 64, 2,
          _mx(mxp, "e2m1", "floor", 64, 64, arith=True, finite=True)),
     ]

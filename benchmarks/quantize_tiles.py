@@ -16,7 +16,9 @@ Defaults live in ``quantize.CONFIGS``,
 ``--variant`` (comma-separated, default ``default``) adds kernel variants (the modules'
 ``VARIANTS``), each a '+'-joined set of atoms: ``packed`` (cast-transpose codes moved as
 32-bit words), ``arith`` (arithmetic E2M1 encoder), ``finite`` (MX encoders without the NaN
-fix-ups no NaN can reach); a row takes the variants whose atoms it has, over their own tiles,
+fix-ups no NaN can reach), ``pairs`` (MXFP4 rowwise and cast-transpose from 32-bit words of
+two bf16, own tiles), ``cols`` (MX cast-transposes: whole columns per thread, own tiles);
+a row takes the variants whose atoms it has, over their own tiles,
 printed as ``NAME/VARIANT`` and checked bit for bit against the default kernel's outputs.
 ``--tiles N`` times only the first N tiles of each list.  The command of the cast-transpose
 comparison is in docs/benchmarks.md.  ``fp8-delayed-ct`` is the per-tensor cast-transpose
@@ -66,13 +68,17 @@ def _override(table, key, value):
         table[key] = old
 
 
-# A kernel variant is a '+'-joined set of these atoms: (VARIANTS key, value) of the module.
-_ATOMS = {"packed": ("ct", "packed"), "arith": ("e2m1", "arith"), "finite": ("nan", "skip")}
+# A kernel variant is a '+'-joined set of these atoms: {VARIANTS key: value} of the module
+# ("pairs" names the bf16-pair MXFP4 kernels of both directions sets).
+_ATOMS = {"packed": {"ct": "packed"}, "arith": {"e2m1": "arith"}, "finite": {"nan": "skip"},
+          "pairs": {"row": "pairs", "ct": "pairs"}, "cols": {"row": "pairs", "ct": "cols"}}
 
 
 def _kernel_variants(TQ, TQB, TQMX):
-    """row name -> (the module's VARIANTS, the atoms it takes, packed tiles (table, key,
-    [tiles]), other tiles to try with the default table); first tile = the current entry."""
+    """row name -> (the module's VARIANTS, the atoms it takes, own tiles, other tiles to try
+    with the default table); own tiles: (table, key, [tiles]) of the "packed" kernel, or
+    {atom: (table, key, [tiles])} of the atoms with a kernel of their own; first tile = the
+    current entry."""
     mx_packed = (TQMX._PACKED_TILES, (True, True),
                  [(64, 64, 2), (32, 64, 2), (32, 128, 2), (64, 128, 4), (128, 64, 4),
                   (64, 64, 4), (32, 64, 1), (64, 64, 2, 8)])
@@ -86,10 +92,25 @@ def _kernel_variants(TQ, TQB, TQMX):
         "fp8-delayed-ct": (TQ.VARIANTS, {"packed"}, tensor_packed, []),
         "block1x128-ct": (TQB.VARIANTS, {"packed"},
                           (TQB._PACKED_TILES, (1, True, True), TQB.PACKED_SWEEP), []),
-        "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite"}, mx_packed, mx_ct),
-        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite"}, mx_packed, mx_ct),
+        "mxfp8-ct": (TQMX.VARIANTS, {"packed", "finite", "cols"},
+                     {"packed": mx_packed,
+                      "cols": (TQMX._COLS_TILES, (True, True, False),
+                               [(32, 128, 4), (32, 256, 4), (32, 128, 2), (32, 256, 8),
+                                (32, 512, 8), (32, 128, 4, 8)])}, mx_ct),
+        "mxfp4-ct": (TQMX.VARIANTS, {"packed", "arith", "finite", "pairs", "cols"},
+                     {"packed": mx_packed,
+                      "pairs": (TQMX._PAIRS_TILES, (True, True),
+                                [(64, 64, 2), (128, 64, 4), (64, 128, 4), (32, 64, 2),
+                                 (128, 128, 8), (64, 64, 2, 8)]),
+                      "cols": (TQMX._COLS_TILES, (True, True, True),
+                               [(32, 256, 4), (32, 256, 2), (32, 128, 4), (32, 512, 8),
+                                (32, 256, 8), (32, 256, 4, 8)])}, mx_ct),
         "mxfp8-row": (TQMX.VARIANTS, {"finite"}, None, [(64, 128, 4), (32, 256, 8)]),
-        "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite"}, None, [(64, 128, 4), (32, 256, 8)]),
+        "mxfp4-row": (TQMX.VARIANTS, {"arith", "finite", "pairs"},
+                      {"pairs": (TQMX._PAIRS_TILES, (True, False),
+                                 [(32, 128, 4), (64, 128, 8), (32, 256, 8), (16, 256, 4),
+                                  (64, 128, 4), (32, 128, 4, 8)])},
+                      [(64, 128, 4), (32, 256, 8)]),
     }
 
 
@@ -104,9 +125,11 @@ def _variant_runs(name, wanted, kernel_variants, table, key, configs):
         atoms = set(v.split("+"))
         if v == "default" or not atoms <= takes:
             continue
-        settings = dict(_ATOMS[a] for a in atoms)
-        if "packed" in atoms:
-            runs.append((f"{name}/{v}", vtable, settings, *packed))
+        settings = {key: val for a in atoms for key, val in _ATOMS[a].items()}
+        own = [packed[a] for a in sorted(atoms) if isinstance(packed, dict) and a in packed] \
+            or ([packed] if "packed" in atoms else [])
+        if own:
+            runs.append((f"{name}/{v}", vtable, settings, *own[0]))
         else:
             runs.append((f"{name}/{v}", vtable, settings, table, key, [table[key]] + others))
     return runs
@@ -173,7 +196,9 @@ def _variants(TQ, TQB, TQMX):
                               ("mxfp4", R.MXFP4BlockScaling(), 0.5)):
         v[f"{name}-row"] = (recipe, True, False, TQMX._TILES, (True, False), mx_row,
                             lambda m, k, per=per: 2 * m * k + codes(m, k, 1, per) + m * k // 32)
-        v[f"{name}-ct"] = (recipe, True, True, TQMX._TILES, (True, True), mx_ct,
+        # MXFP8 (e4m3) has its own cast-transpose entry (quantize_mx._tile).
+        ct_key = (True, True, "e4m3") if name == "mxfp8" else (True, True)
+        v[f"{name}-ct"] = (recipe, True, True, TQMX._TILES, ct_key, mx_ct,
                            lambda m, k, per=per: 2 * m * k + codes(m, k, 2, per)
                            + 2 * m * k // 32)
     return v
@@ -228,7 +253,7 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
     ap.add_argument("--variant", default="default",
                     help="comma-separated: default, or '+'-joined atoms of packed, arith, "
-                         "finite (e.g. packed+arith+finite)")
+                         "finite, pairs (e.g. packed+arith+finite)")
     ap.add_argument("--tiles", type=int, default=0,
                     help="time only the first N tiles of each list (0: all)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # interpreter smoke
@@ -263,9 +288,11 @@ def main() -> None:
     kernel_variants = _kernel_variants(TQ, TQB, TQMX)
     wanted = [v for v in args.variant.split(",") if v]
     unknown = {v for v in wanted if v != "default" and not set(v.split("+")) <= set(_ATOMS)}
+    unknown |= {v for v in wanted  # each sets VARIANTS["ct"]: one at a time
+                if len({"packed", "pairs", "cols"} & set(v.split("+"))) > 1}
     if unknown:
         sys.exit(f"--variant: unknown {sorted(unknown)}; give 'default' or '+'-joined atoms "
-                 f"of {sorted(_ATOMS)}")
+                 f"of {sorted(_ATOMS)} (one of packed, pairs, cols)")
     given = torch.full((1,), 3.0, device=dev)
     for name, (recipe, rw, cw, table, key, configs, nbytes) in \
             _variants(TQ, TQB, TQMX).items():

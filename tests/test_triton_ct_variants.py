@@ -145,8 +145,8 @@ _MX_SHAPES = [(64, 128), (64, 96), (72, 40), (36, 64)]
 
 
 # The kernels every variant is compared with (the ladder, the NaN fix-ups, the byte transpose).
-_MX_REFERENCE = {"ct": "trans", "e2m1": "ladder", "nan": "fix"}
-_MX_CHOSEN = {"ct": "trans", "e2m1": "arith", "nan": "auto"}
+_MX_REFERENCE = {"ct": "trans", "e2m1": "ladder", "nan": "fix", "row": "tile"}
+_MX_CHOSEN = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "tile"}
 
 
 def test_the_defaults_are_the_measured_choices():
@@ -328,7 +328,8 @@ def test_a_seeded_variant_bug_is_caught(module, helper, bad, recipe, monkeypatch
     quant = lambda: _bits(tealite.quantize(x, recipe, rowwise=True, columnwise=True,  # noqa: E731
                                            scale=scale, backend="triton"))
     want = quant()
-    monkeypatch.setattr(module, "VARIANTS", {"ct": "packed", "e2m1": "arith", "nan": "skip"})
+    monkeypatch.setattr(module, "VARIANTS", {"ct": "packed", "e2m1": "arith", "nan": "skip",
+                                           "row": "tile"})
     assert _same(quant(), want)
     monkeypatch.setattr(module, helper, bad)
     assert not _same(quant(), want)

@@ -17,7 +17,8 @@ Kernels in this package import from here.  Stable API (other kernels call these)
   (``_encode_fp8_hw``), which gives the same bits (tested exhaustively near every code
   boundary on the GPU) with ~5 instructions per element instead of ~30.
 * ``_encode_fp4(v, TIES_AWAY)`` -> int32 E2M1 codes (low 4 bits), saturating;
-  ``_encode_fp4_arith(v)`` the same RNE codes by fp32 arithmetic (fewer instructions).
+  ``_encode_fp4_arith(v)`` the same RNE codes by fp32 arithmetic (fewer instructions);
+  ``_fp4_arith_magnitude(mag_bits)`` its unsigned part, from magnitude bits.
 * ``_into_word(word, codes, j, BITS)`` -> a 32-bit word of codes of the packed cast-transposes.
 * ``_tile_ids(pid, tiles_m, tiles_n, GROUP_M)`` -> (pid_m, pid_n) of a tiled 2-D launch,
   row-major (GROUP_M 1) or grouped by GROUP_M tile rows (cast-transpose DRAM locality).
@@ -233,17 +234,26 @@ def _encode_fp4_arith(v, FINITE: tl.constexpr = False):
     (NaN: 0b1000 for a positive-signed NaN, 0b0000 for a negative-signed one).  Proven equal
     to the ladder on every fp32 input in the deciding range (tests/test_triton_ct_variants.py)."""
     bits = v.to(tl.int32, bitcast=True)
-    mag = tl.minimum(bits & 0x7FFFFFFF, 0x40C00000)  # NaN / Inf / > 6 -> 6.0 (NaN fixed below)
-    f = tl.maximum(mag >> 23, 127)
-    magic = (f + 22) << 23
-    y = mag.to(tl.float32, bitcast=True) + magic.to(tl.float32, bitcast=True)
-    code = y.to(tl.int32, bitcast=True) - magic + 2 * (f - 127)
+    code = _fp4_arith_magnitude(bits & 0x7FFFFFFF)  # NaN -> 6.0's code (fixed below)
     sign = (bits >> 28) & 8  # arithmetic shift: bit 31 -> bit 3
     if not FINITE:  # FINITE: v is finite (the caller's guarantee, as _encode_fp8_rounded's)
         code = tl.where(v != v, sign ^ 8, code | sign)
     else:
         code = code | sign
     return code
+
+
+@triton.jit
+def _fp4_arith_magnitude(mag):
+    """E2M1 magnitude code (0..7, RNE, saturating) of int32 fp32 bit patterns ``mag`` >= 0
+    (sign bit clear): ``_encode_fp4_arith``'s rounding without the sign, for callers that
+    already hold magnitudes (quantize_mx's bf16-pair rowwise kernel).  NaN / Inf patterns
+    give 7."""
+    mag = tl.minimum(mag, 0x40C00000)  # Inf / NaN / > 6 -> 6.0
+    f = tl.maximum(mag >> 23, 127)
+    magic = (f + 22) << 23
+    y = mag.to(tl.float32, bitcast=True) + magic.to(tl.float32, bitcast=True)
+    return y.to(tl.int32, bitcast=True) - magic + 2 * (f - 127)
 
 
 # ---- tile order ------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from tealite.backends.triton._codecs import (_e8m0_scale, _encode_fp4, _encode_f
                                              _mx_scale_constants,
                                              _tile_ids, hw_fp8)
 from tealite.backends.triton._io import as_kernel_arg, load_f32
+from tealite.backends.triton._mx_pairs import (_mx_fp4_cols_ct_kernel, _mx_fp4_pairs_ct_kernel,
+                                               _mx_fp4_pairs_kernel, _store_col_words)
 from tealite.formats import ElementRounding, get_format
 
 MX_BLOCK = 32
@@ -47,7 +49,11 @@ MX_BLOCK = 32
 # 128x64/8 -- a 32-row tile on few warps keeps each column block's amax inside a warp (no
 # shared-memory reduction and barrier per tile).  (32x128/2 is 51.9 % for MXFP8 but 28.2 % for
 # MXFP4; one warp spills for MXFP4.)  Columnwise-only takes the same tile (not swept apart).
-_TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True): (32, 64, 2)}
+_TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True): (32, 64, 2),
+          # A format's own entry wins (_tile): MXFP8's cast-transpose measured 74.5 % of copy
+          # on 32x128/2 against 68.0 % on 32x64/2 (finite), where MXFP4's lost (41.6 vs 46.0),
+          # so one shared entry kept both on 32x64; unchanged until the next sweep.
+          (True, True, "e4m3"): (32, 64, 2)}
 # Kernel variants, read at every launch like _TILES (benchmarks/quantize_tiles.py --variant sets
 # them; every variant gives the same bits, tests/test_triton_ct_variants.py):
 # * "ct": "trans" transposes the (BM, BN) byte codes with tl.trans (the compiler moves them
@@ -67,11 +73,32 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 # Defaults from the H100 sweep (docs/benchmarks.md, 2026-11-27 fifth session; % of copy):
 # "arith" + skip took MXFP4 rowwise 54.7 -> 82.6 and cast-transpose 31.2 -> 46.0; skip took
 # the MXFP8 cast-transpose 48.6 -> 68.0 (same tile); "packed" helped MX neither way.
-VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto"}
+# * "row" (MXFP4 rowwise-only): "tile" (_mx_cast_kernel) or "pairs" (_mx_pairs: x read as
+#   32-bit words of two bf16, so a word's two codes are one byte; with its tile a thread owns
+#   whole 32-element blocks: no shuffles, no shared-memory layout change before the 16-byte
+#   code stores).  Needs bf16 x, even K and the arithmetic RNE encoder (else "tile").
+#   "ct" also takes "pairs" for MXFP4 (_mx_pairs' cast-transpose: even and odd rows read as
+#   two word tiles, so an x.T byte's two codes meet in a thread and only packed bytes are
+#   transposed); same conditions and M even (else the "ct" default, "trans").  "cols"
+#   (MXFP4, M % 8 == 0): the columnwise side from the tile's rows read one by one, so a
+#   thread holds whole columns: in-thread column blocks and scales, codes built as x.T words
+#   (no transpose); the rowwise side as "pairs".  MXFP8 "cols" (M % 4 == 0): the same
+#   columnwise structure, rowwise as the default kernel (_mx_fp8_cols_ct_kernel).
+VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "tile"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
 # multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
 # those cross-compiled (benchmarks/quantize_ptx.py); not yet timed on a GPU.
 _PACKED_TILES = {(False, True): (64, 64, 2), (True, True): (64, 64, 2)}
+# Tile of the "pairs" rowwise kernel (rows, x columns, warps[, GROUP_M]): 32 x 128 on 4 warps
+# is 2048 words, 16 (one 32-element block) per thread; not yet timed on a GPU.
+_PAIRS_TILES = {(True, False): (32, 128, 4), (False, True): (64, 64, 2), (True, True): (64, 64, 2)}
+# Tiles of the "cols" MXFP4 cast-transpose (_mx_pairs; 32 rows always, the first entry is
+# ignored): 32 x 256 on 4 warps is one word (2 columns) per thread and row, 38.5 SASS / el
+# on sm_90a against 49.0 for the default (2 words per thread, on 2 warps: layout changes
+# through shared memory, 21 barriers); not yet timed on a GPU.
+_COLS_TILES = {(False, True, True): (32, 256, 4), (True, True, True): (32, 256, 4),
+               # MXFP8 (quantize_mx._mx_fp8_cols_ct_kernel): (rowwise, columnwise, FP4 False).
+               (False, True, False): (32, 128, 4), (True, True, False): (32, 128, 4)}
 
 
 @triton.jit
@@ -247,6 +274,75 @@ def _mx_ct_packed_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes,
     _store_col_scales(st_ptr, byte, cols, pid_m, M, K, st_stride, BM)
 
 
+@triton.jit
+def _load_row(x_ptr, row, cols, M, K, X_BF16: tl.constexpr):
+    """fp32 x[row, cols] of one row (a scalar), 0 past the ends."""
+    rows = tl.zeros_like(cols) + row  # a vector mask (the interpreter rejects scalar & vector)
+    return load_f32(x_ptr, rows.to(tl.int64) * K + cols, (cols < K) & (rows < M), X_BF16)
+
+
+@triton.jit
+def _fp8_col_word(x_ptr, row0, cols, M, K, byte, TIES_AWAY: tl.constexpr, FMAX: tl.constexpr,
+                  MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr,
+                  FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                  X_BF16: tl.constexpr, HW_FP8: tl.constexpr, FINITE: tl.constexpr):
+    """int32 words of the FP8 codes of x rows row0 .. row0 + 3 (byte r = row row0 + r) in
+    columns ``cols``, each column's block scale ``byte``: one word of x.T per column."""
+    word = tl.zeros_like(cols)
+    for r in tl.static_range(4):
+        y = _mx_descale(_load_row(x_ptr, row0 + r, cols, M, K, X_BF16), byte)
+        code = _mx_encode(y, False, TIES_AWAY, FMAX, MBITS, EMIN, BIAS, FNUZ, NAN_CODE,
+                          SUB_SCALE, HW_FP8, False, FINITE)
+        word = word | (code.to(tl.int32) << (8 * r))
+    return word
+
+
+@triton.jit
+def _mx_fp8_cols_ct_kernel(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, q_row_bytes, qt_words,
+                           s_stride, st_stride,
+                           ROW: tl.constexpr, TIES_AWAY: tl.constexpr, MODE: tl.constexpr,
+                           EMAX: tl.constexpr, MBITS: tl.constexpr, FMAX: tl.constexpr,
+                           EMIN: tl.constexpr, BIAS: tl.constexpr, FNUZ: tl.constexpr,
+                           NAN_CODE: tl.constexpr, SUB_SCALE: tl.constexpr,
+                           X_BF16: tl.constexpr, HW_FP8: tl.constexpr, BN: tl.constexpr,
+                           GROUP_M: tl.constexpr = 1, FINITE: tl.constexpr = False):
+    """MXFP8 cast-transpose of ``VARIANTS["ct"] == "cols"`` on a (32, BN) tile (M % 4 == 0;
+    ``qt_ptr`` the x.T codes as int32 words, ``qt_words`` per row), as _mx_pairs' MXFP4
+    "cols" kernel: the columnwise side reads the tile row by row as 1-D vectors, so a thread
+    holds whole columns (in-thread block amax and scale, once per column), and builds each
+    column's 32 codes as 8 words of x.T (two 16-byte stores, no transpose).  Rows are read
+    twice (amaxes, then codes; the second time from cache).  ROW: the rowwise side is the
+    default kernel's (_mx_rows) on the tile read as one 2-D tile."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = _tile_ids(pid, tl.cdiv(M, 32), tl.cdiv(K, BN), GROUP_M)
+    cols = pid_n * BN + tl.arange(0, BN)
+    if ROW:
+        rows = pid_m * 32 + tl.arange(0, 32)
+        mask = (rows < M)[:, None] & (cols < K)[None, :]
+        x = load_f32(x_ptr, rows.to(tl.int64)[:, None] * K + cols[None, :], mask, X_BF16)
+        _mx_rows(x, rows, pid_n, M, K, q_ptr, s_ptr, q_row_bytes, s_stride, False, TIES_AWAY,
+                 MODE, EMAX, MBITS, FMAX, EMIN, BIAS, FNUZ, NAN_CODE, SUB_SCALE, HW_FP8, False,
+                 FINITE, 32, BN)
+    amax = tl.zeros((BN,), dtype=tl.int32)
+    for j in tl.static_range(32):
+        x = _load_row(x_ptr, pid_m * 32 + j, cols, M, K, X_BF16)
+        amax = tl.maximum(amax, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)  # as _mag_max
+    byte = _e8m0_scale(amax.to(tl.float32, bitcast=True), MODE, EMAX, MBITS, FMAX)
+    for h in tl.static_range(2):  # x.T words pid_m * 8 + 4h ..: rows 16h .. 16h + 15
+        row0 = pid_m * 32 + 16 * h
+        a0 = _fp8_col_word(x_ptr, row0, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN, BIAS,
+                           FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        a1 = _fp8_col_word(x_ptr, row0 + 4, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN,
+                           BIAS, FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        a2 = _fp8_col_word(x_ptr, row0 + 8, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN,
+                           BIAS, FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        a3 = _fp8_col_word(x_ptr, row0 + 12, cols, M, K, byte, TIES_AWAY, FMAX, MBITS, EMIN,
+                           BIAS, FNUZ, NAN_CODE, SUB_SCALE, X_BF16, HW_FP8, FINITE)
+        _store_col_words(qt_ptr, cols, pid_m * 8 + 4 * h, K, qt_words, a0, a1, a2, a3)
+    smask = (cols < K) & (tl.zeros_like(cols) + pid_m < tl.cdiv(M, 32))
+    tl.store(st_ptr + cols.to(tl.int64) * st_stride + pid_m, byte.to(tl.uint8), mask=smask)
+
+
 def _n_blocks(n: int) -> int:
     """E8M0 scales per row of n elements (the last block may be partial)."""
     return -(-n // MX_BLOCK)
@@ -273,10 +369,59 @@ def _packs(m: int, fmt) -> bool:
     return VARIANTS["ct"] == "packed" and m % (8 if fmt.packed else 4) == 0
 
 
+def _tile(fmt, rowwise: bool, columnwise: bool) -> tuple:
+    """The _mx_cast_kernel launch entry: the format's own, else the directions' shared one."""
+    return _TILES.get((rowwise, columnwise, fmt.name), _TILES[(rowwise, columnwise)])
+
+
+def _pairs(x: torch.Tensor, fmt, recipe, rowwise: bool, columnwise: bool) -> bool:
+    """Whether a bf16-pair MXFP4 kernel (_mx_pairs) runs: chosen (VARIANTS["row"] for
+    rowwise only, VARIANTS["ct"] with columnwise, where M must be even), RNE e2m1 with the
+    arithmetic encoder, and x readable as 32-bit words of two bf16 (even K, even element
+    offset)."""
+    chosen = (VARIANTS["ct"] == "pairs" and x.shape[0] % 2 == 0
+              or VARIANTS["ct"] == "cols" and x.shape[0] % 8 == 0) if columnwise else \
+        VARIANTS["row"] == "pairs"
+    return (chosen and fmt.packed and not _ties_away(recipe) and VARIANTS["e2m1"] == "arith"
+            and x.dtype == torch.bfloat16 and x.shape[1] % 2 == 0
+            and x.storage_offset() % 2 == 0)
+
+
+def _fp8_cols(m: int, fmt) -> bool:
+    """Whether the MXFP8 "cols" cast-transpose runs: chosen, and x.T rows are whole 32-bit
+    words (M % 4 == 0)."""
+    return VARIANTS["ct"] == "cols" and not fmt.packed and m % 4 == 0
+
+
 def _finite(fmt, rowwise: bool, columnwise: bool) -> bool:
     """Whether the encoders skip their NaN / Inf handling (VARIANTS["nan"])."""
     mode = VARIANTS["nan"]
     return mode == "skip" or (mode == "auto" and (fmt.packed or columnwise))
+
+
+def _launch_fp4_pairs(x, q, s, qt, st, consts: dict, rowwise: bool, columnwise: bool, dummy):
+    """Launch the _mx_pairs kernel that ``VARIANTS`` picks (``_pairs`` said one runs)."""
+    m, k = x.shape
+    xw = x.view(torch.int32)
+    scale = {n: consts[n] for n in ("MODE", "EMAX", "MBITS", "FMAX")}
+    q_arg, s_arg = (q, s) if rowwise else (dummy, dummy)
+    if columnwise and VARIANTS["ct"] == "cols":
+        _, bn, warps, *group = _COLS_TILES[(rowwise, columnwise, True)]  # 32 rows
+        words = qt.view(torch.int32)
+        _mx_fp4_cols_ct_kernel[(triton.cdiv(m, 32) * triton.cdiv(k, bn),)](
+            xw, q_arg, s_arg, words, st, m, k // 2, _row_stride(q), words.stride(0),
+            _row_stride(s), st.stride(0), ROW=rowwise, BN=bn,
+            GROUP_M=group[0] if group else 1, num_warps=warps, **scale)
+        return
+    bm, bn, warps, *group = _PAIRS_TILES[(rowwise, columnwise)]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(k, bn),)
+    launch = dict(BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps, **scale)
+    if columnwise:
+        _mx_fp4_pairs_ct_kernel[grid](xw, q_arg, s_arg, qt, st, m, k // 2, _row_stride(q),
+                                      qt.stride(0), _row_stride(s), st.stride(0), ROW=rowwise,
+                                      **launch)
+    else:
+        _mx_fp4_pairs_kernel[grid](xw, q, s, m, k // 2, q.stride(0), s.stride(0), **launch)
 
 
 def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
@@ -299,7 +444,17 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
                       HW_FP8=hw_fp8(x.device), FP4_ARITH=VARIANTS["e2m1"] == "arith",
                       FINITE=_finite(fmt, rowwise, columnwise))
         dummy = torch.empty(1, dtype=torch.uint8, device=dev)
-        if columnwise and _packs(m, fmt):
+        if columnwise and _fp8_cols(m, fmt):
+            _, bn, warps, *group = _COLS_TILES[(rowwise, columnwise, False)]  # 32 rows
+            words = qt.view(torch.int32)
+            _mx_fp8_cols_ct_kernel[(triton.cdiv(m, 32) * triton.cdiv(k, bn),)](
+                as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s, words,
+                st, m, k, _row_stride(q), words.stride(0), _row_stride(s), st.stride(0),
+                ROW=rowwise, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps,
+                **{n: v for n, v in consts.items() if n not in ("FP4", "FP4_ARITH")})
+        elif _pairs(x, fmt, recipe, rowwise, columnwise):
+            _launch_fp4_pairs(x, q, s, qt, st, consts, rowwise, columnwise, dummy)
+        elif columnwise and _packs(m, fmt):
             bm, bn, warps, *group = _PACKED_TILES[(rowwise, columnwise)]
             words = qt.view(torch.int32)
             _mx_ct_packed_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
@@ -308,7 +463,7 @@ def quantize_mx(x: torch.Tensor, recipe, *, rowwise: bool, columnwise: bool):
                 ROW=rowwise, BM=bm, BN=bn, GROUP_M=group[0] if group else 1, num_warps=warps,
                 EVEN=m % bm == 0 and k % bn == 0, **consts)
         else:
-            bm, bn, warps, *group = _TILES[(rowwise, columnwise)]
+            bm, bn, warps, *group = _tile(fmt, rowwise, columnwise)
             _mx_cast_kernel[(triton.cdiv(m, bm) * triton.cdiv(k, bn),)](
                 as_kernel_arg(x), dummy if q is None else q, dummy if s is None else s,
                 dummy if qt is None else qt, dummy if st is None else st, m, k,
