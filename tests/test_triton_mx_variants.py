@@ -239,6 +239,8 @@ def test_mxfp8_cast_transpose_tile_is_its_own(monkeypatch):
     """MXFP8's cast-transpose entry can move (the sweep's 32x128/2) without moving MXFP4's,
     and another tile gives the same bits."""
     from tealite.formats import get_format
+    # the measured choice (H100: 73.5-74.5 % of copy against 68.4 % on 32x64/2)
+    assert TQMX._TILES[(True, True, "e4m3")] == (32, 128, 2)
     monkeypatch.setitem(TQMX._TILES, (True, True, "e4m3"), (32, 128, 2))
     assert TQMX._tile(get_format("e4m3"), True, True) == (32, 128, 2)
     assert TQMX._tile(get_format("e2m1"), True, True) == TQMX._TILES[(True, True)]
@@ -246,4 +248,4 @@ def test_mxfp8_cast_transpose_tile_is_its_own(monkeypatch):
     x = _with_zero_blocks(_hostile(64, 256)).to(DEV)
     got = _ct(x, recipe, "trans", monkeypatch)
     monkeypatch.setitem(TQMX._TILES, (True, True, "e4m3"), TQMX._TILES[(True, True)])
-    assert _same(got, _ct(x, recipe, "trans", monkeypatch))
+    assert _same(got, _ct(x, recipe, "trans", monkeypatch))  # 32x64/2: the same bits
