@@ -174,3 +174,25 @@ def test_grouped_qgemm_sums_the_lift_per_block_in_each_group():
     assert (aligned(SCALE_K) >= aligned(None)).all()
     # rows 0 and 1 meet a subnormal a code with 448 in every chunk: four blocks' lifts, not one
     assert (aligned(SCALE_K)[:2] > aligned(None)[:2]).all()
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) \
+        and torch.version.hip is None
+
+
+@pytest.mark.skipif(not _hopper(), reason="needs an NVIDIA sm_90+ GPU: the check is of the "
+                                          "FP8 tensor cores the emulation models")
+@pytest.mark.parametrize("backend", ["triton", "aiter_triton"])
+@pytest.mark.parametrize("blocks, value", [(32, 112.0), (8, 28.0)])
+def test_on_hopper_the_block_kernels_write_the_emulated_value_and_pass(backend, blocks, value):
+    """The real kernels on the crafted case: the emulation's value, and a pass under the
+    restart declaration (measured on an H100 2026-11-27: both backends, both sizes; under
+    the old declaration triton failed)."""
+    spec, case = _case(blocks)
+    report = run_case(spec, dict(case, dtype="bfloat16"), backends=[backend], device="cuda")
+    outcome = report.outcomes[backend]
+    if outcome.status != "ok":
+        pytest.skip(f"{backend}: {outcome.reason}")
+    assert float(outcome.outputs["out"].reshape(-1)[0]) == value
+    assert report.verdict == "pass", report.describe()
