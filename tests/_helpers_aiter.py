@@ -49,3 +49,18 @@ def aiter_fp8_recipe(fmt, gran) -> dict:
     """Float8CurrentScaling with AITER's amax/fmax rule, as a case's recipe JSON."""
     return {"kind": "current", "fmt": fmt, "granularity": gran, "force_pow2_scales": False,
             "amax_epsilon": 0.0, "saturation": "saturate", "scale_rule": "amax/fmax"}
+
+
+def very_negative_logits(at):
+    """fp16 (q, k, v, out, lse) of AITER's forward where every logit is very negative and
+    seqlen_k (2) ends inside a key block: the input of AITER 0.1.7's non-causal NaN-dq bug
+    (its dq loop masks K past seqlen_k but not p = exp(0 - lse), which overflows)."""
+    import torch
+    g = torch.Generator().manual_seed(2)
+    k0 = torch.randn(1, 1, 1, 16, generator=g)
+    k = torch.cat([k0, 0.5 * k0], dim=1)                 # seqlen_k = 2, below the key block
+    q = (-8.0 * k0.expand(1, 4, 1, 16)).contiguous()     # every q . k <= -4 |k0|^2 << 0
+    q, k, v = q.half(), k.half(), torch.randn(1, 2, 1, 16, generator=g).half()
+    out, lse = at.flash_attn_func(q, k, v, return_lse=True)
+    assert float(lse.max()) < -11  # the precondition: exp(-lse) overflows fp16
+    return q, k, v, out, lse

@@ -28,7 +28,7 @@ from tealite_verify.specs import get_spec
 from tealite_verify.specs import attention_fp8 as fp8spec
 from tealite_verify.specs.attention import make_case
 
-from _helpers_aiter import ran, seeded_variant_is_caught
+from _helpers_aiter import ran, seeded_variant_is_caught, very_negative_logits
 from test_aiter_attention_fp8_bwd import _rne_fp8_cast
 
 BACKEND = registry.get_backend(NAME)
@@ -223,13 +223,7 @@ def test_the_fused_causal_backward_with_29_heads(at):
     "non-causal kernel masks K's loads past seqlen_k to 0 but not p^T, so for a row whose "
     "logits are all very negative p = exp(0 - lse) overflows and dq gets inf * 0 = NaN"))
 def test_the_fused_backward_dq_is_finite_when_every_logit_is_very_negative(at):
-    g = torch.Generator().manual_seed(2)
-    k0 = torch.randn(1, 1, 1, 16, generator=g)
-    k = torch.cat([k0, 0.5 * k0], dim=1)                 # seqlen_k = 2, below the key block
-    q = (-8.0 * k0.expand(1, 4, 1, 16)).contiguous()     # every q . k <= -4 |k0|^2 << 0
-    q, k, v = q.half(), k.half(), torch.randn(1, 2, 1, 16, generator=g).half()
-    out, lse = at.flash_attn_func(q, k, v, return_lse=True)
-    assert float(lse.max()) < -11  # the precondition: exp(-lse) overflows fp16
+    q, k, v, out, lse = very_negative_logits(at)
     dq, _, _ = _fused(at, torch.ones_like(out), q, k, v, out, lse, causal=False)
     assert torch.isfinite(dq).all(), dq
 

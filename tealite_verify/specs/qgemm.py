@@ -182,13 +182,12 @@ class _AlignedMagnitude:
 
     def _compute(self, restart_k: int | None) -> np.ndarray:
         a_k, b_k, ra, rb, p_abs = self._args
-        (a, sub_a), (b, sub_b) = _lifted(a_k, ra), _lifted(b_k, rb)
+        (plain_a, a, sub_a), (plain_b, b, sub_b) = _magnitudes(a_k, ra), _magnitudes(b_k, rb)
         if not (sub_a.any() or sub_b.any()):
             return p_abs  # no lift anywhere: L <= |B||A|^T in every block
         k = a.shape[1]
         if restart_k is None or restart_k >= k:
             return np.maximum(p_abs, _lifted_max(a, sub_a, b, sub_b))
-        plain_a, plain_b = _plain(a_k, ra), _plain(b_k, rb)
         total = np.zeros_like(p_abs)
         for k0 in range(0, k, restart_k):
             blk = slice(k0, k0 + restart_k)
@@ -205,24 +204,20 @@ def _lifted_max(a, sub_a, b, sub_b) -> np.ndarray:
     return np.maximum(_max_products(b, a * sub_a), _max_products(b * sub_b, a))
 
 
-def _plain(x_k: np.ndarray, r: dict) -> np.ndarray:
-    """|dequantized value| of a K-last operand (no lift)."""
-    return np.abs(dequantize_k_last(*quantize_k_last(x_k, r), r))
-
-
-def _lifted(x_k: np.ndarray, r: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(|value| with subnormal codes lifted to twice the smallest normal, which codes were
-    subnormal) of a K-last operand; e2m1 goes through no FP8 MMA: nothing lifted."""
+def _magnitudes(x_k: np.ndarray, r: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(|value|, |value| with subnormal codes lifted to twice the smallest normal, which codes
+    were subnormal) of a K-last operand, quantized once; e2m1 goes through no FP8 MMA:
+    nothing lifted."""
     bits, scales = quantize_k_last(x_k, r)
+    plain = np.abs(dequantize_k_last(bits, scales, r))
     fmt = get_format(recipe_from_json(r).fmt)
     if fmt.packed:
-        plain = np.abs(dequantize_k_last(bits, scales, r))
-        return plain, np.zeros(plain.shape, bool)
+        return plain, plain, np.zeros(plain.shape, bool)
     mant = (1 << fmt.mbits) - 1
     sub = ((bits & (0x7F & ~mant)) == 0) & ((bits & mant) != 0)
     # Exponent field 2, mantissa 0: twice the smallest normal (tiers.gemm.aligned_magnitude).
     lifted_bits = np.where(sub, np.uint8((mant + 1) * 2), bits & 0x7F).astype(np.uint8)
-    return np.abs(dequantize_k_last(lifted_bits, scales, r)), sub
+    return plain, np.abs(dequantize_k_last(lifted_bits, scales, r)), sub
 
 
 _CHUNK_ELEMENTS = 1 << 24

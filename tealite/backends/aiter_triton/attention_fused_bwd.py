@@ -147,7 +147,7 @@ def reason(p, *, nvidia: bool = False) -> str | None:
         return (f"AITER's fused attention backward needs d_qk == d_v (it raises for PE, "
                 f"d_qk > d_v, and reads v with d_qk otherwise; got "
                 f"{p['head_dim_qk']}/{p['head_dim_v']})")
-    if nvidia and -(-min(p["head_dim_qk"], p["head_dim_v"]) // 8) * 8 < 16:
+    if nvidia and (min(p["head_dim_qk"], p["head_dim_v"]) + 7) // 8 * 8 < 16:  # padded to 8
         # Measured on an H100 (triton 3.6, 2026-11-27, docs/device-runs.md): a causal
         # batch-2 fp32 case with d = 8 (padded by the adapter to 8, by the kernel to a 16-wide
         # block) gave dV 581x too large at one key (the interpreter is right; d = 16 / 32 of
