@@ -27,10 +27,15 @@ PAIRS = {  # (A's recipe, B's recipe)
     "fp8-block": (R.Float8BlockScaling(block=(128, 128)), R.Float8BlockScaling(block=(1, 128))),
     "mxfp8": (R.MXFP8BlockScaling(),) * 2,
     "mxfp8-acc": (R.MXFP8BlockScaling(),) * 2,
+    "mxfp8-fold": (R.MXFP8BlockScaling(),) * 2,
     "mxfp4": (R.MXFP4BlockScaling(),) * 2,
+    "mxfp4-fold": (R.MXFP4BlockScaling(),) * 2,
 }
-# Rows that run a kernel variant of the triton backend: (module, its VARIANTS settings).
-VARIANT_PAIRS = {"mxfp8-acc": ("qgemm", {"mx": "acc"})}  # MX scales in the accumulator
+# Rows that run a kernel variant of the triton backend: (module, its VARIANTS settings).  The
+# plain MX rows run the default ("auto": staged operands on NVIDIA at these sizes).
+VARIANT_PAIRS = {"mxfp8-acc": ("qgemm", {"mx": "acc"}),  # MX scales in the accumulator
+                 "mxfp8-fold": ("qgemm", {"mx": "fold"}),  # scales folded in the GEMM loop
+                 "mxfp4-fold": ("qgemm", {"mx": "fold"})}
 SCALED_MM = {"fp8-tensor": "torch._scaled_mm fp8 per-tensor",
              "fp8-row": "torch._scaled_mm fp8 rowwise"}
 QGEMM_CASES = [pytest.param(p, "triton", id=f"{p}-triton") for p in PAIRS] + \

@@ -28,9 +28,10 @@ SPEC = get_spec("qgemm")
 
 if TRITON.unavailable_reason() is None:
     from tealite.backends.triton import _qgemm_operands as tqo
+    from tealite.backends.triton import _qgemm_tiles as tqt
     from tealite.backends.triton import qgemm as tq
-    _decode_f32 = tq._decode_f32
-    _times_e8m0_pair = tq._times_e8m0_pair
+    _decode_f32 = tqo._decode_f32
+    _times_e8m0_pair = tqo._times_e8m0_pair
     _e2m1_f32 = tqo._e2m1_f32
 
 
@@ -343,7 +344,7 @@ def test_mx_routes_per_tile(monkeypatch):
     """With the fallback's scaling sabotaged, zero blocks at byte 0 stay exact (fast path after
     the code check), and a planted edge spoils only the tiles holding it (M = 20 rows and
     N = 40 columns are 2 x 2 tiles of the interpreter's 16 x 32 config)."""
-    monkeypatch.setattr(tq, "_times_e8m0_pair", _garbage_pair)
+    monkeypatch.setattr(tqt, "_times_e8m0_pair", _garbage_pair)
     assert _edge_mismatches("zero-blocks", "e4m3", "e4m3") == 0
     assert 0 < _edge_mismatches("overflow", "e4m3", "e4m3") < 20 * 40
     assert 0 < _edge_mismatches("underflow", "e4m3", "e4m3") < 20 * 40
@@ -397,11 +398,11 @@ def _padded_scales(fn):
 
 def _swap_row_scale_args(launch_one):
     """The epilogue gets A's scale vector as B's and B's as A's."""
-    def run(cfg, args, flags, kind, m, n, k):
+    def run(cfg, args, flags, kind, m, n, k, **kwargs):
         args = list(args)
         args[2], args[3] = args[3], args[2]
         args[12], args[14] = args[14], args[12]  # stride_sa_row, stride_sb_row
-        return launch_one(cfg, tuple(args), flags, kind, m, n, k)
+        return launch_one(cfg, tuple(args), flags, kind, m, n, k, **kwargs)
     return run
 
 

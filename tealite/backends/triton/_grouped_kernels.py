@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tealite.backends.triton._tiles import epilogue_store, grouped_pid, tile_k_loop, tile_pointers
-from tealite.backends.triton.qgemm import _blockwise_loop, _epilogue, _mx_tile
+from tealite.backends.triton._qgemm_tiles import _blockwise_loop, _epilogue, _mx_tile
 
 
 @triton.jit

@@ -40,16 +40,18 @@ from tealite.backends.triton._qgemm_operands import (_byte_range, _decode_f32, _
 
 
 # Kernel variants, chosen on the host (qgemm.py imports this dict as its own).  "mx": "fold"
-# (the E8M0 scales folded exactly into bf16 operands: _qgemm_operands.py) or "acc" (this
-# module; dense qgemm, OCP FP8 codes on both sides, NVIDIA or the interpreter; its own
-# declared rounding).  The default stays "fold": on the H100's Triton 3.6 every "acc" config
-# failed to compile (PassManager failure in TritonGPUPipeline, fifth session; Triton 3.9
-# cross-compiles it), so it is untimed; the folded MXFP8 path measured 309 TFLOP/s there,
-# 22.5 % of the per-tensor FP8 qgemm.
-# TEALITE_TRITON_QGEMM_MX=acc chooses it at import (for processes such as fuzz workers).
-VARIANTS = {"mx": os.environ.get("TEALITE_TRITON_QGEMM_MX", "fold")}
-require(VARIANTS["mx"] in ("fold", "acc"),
-        f"TEALITE_TRITON_QGEMM_MX must be 'fold' or 'acc', got {VARIANTS['mx']!r}")
+# (the E8M0 scales folded exactly into bf16 operands inside the GEMM: _qgemm_operands.py),
+# "acc" (this module; dense qgemm, OCP FP8 codes on both sides, NVIDIA or the interpreter;
+# its own declared rounding), "staged" (dense qgemm: operands staged once as exact bf16, a
+# bf16 GEMM, an exact fixup: _qgemm_mx_staged.py) or "auto" (the default: "staged" where
+# ``_qgemm_mx_staged.staged_pays``, else "fold").  "acc" stays opt-in: on the H100's Triton 3.6
+# every "acc" config failed to compile (PassManager failure in TritonGPUPipeline, fifth
+# session; Triton 3.9 cross-compiles it), so it is untimed.
+# TEALITE_TRITON_QGEMM_MX chooses one at import (for processes such as fuzz workers).
+MX_VARIANTS = ("auto", "fold", "acc", "staged")
+VARIANTS = {"mx": os.environ.get("TEALITE_TRITON_QGEMM_MX", "auto")}
+require(VARIANTS["mx"] in MX_VARIANTS,
+        f"TEALITE_TRITON_QGEMM_MX must be one of {MX_VARIANTS}, got {VARIANTS['mx']!r}")
 
 @triton.jit
 def _column(x, j: tl.constexpr, NS: tl.constexpr):

@@ -367,7 +367,8 @@ def _run(x, y, d, pre, bias, m, n, k, x_k_contig, y_k_contig, stride_x, stride_y
     flags = dict(X_K_CONTIG=x_k_contig, Y_K_CONTIG=y_k_contig, BF16_BITS=bf16_bits,
                  DOT_PRECISION="ieee" if fp32_dot else None, I64=big,
                  HAS_BETA=beta != 0.0, HAS_BIAS=bias is not None, GELU=gelu,
-                 OUT_BF16=d.dtype == torch.bfloat16, BIAS_BF16=in_dtype == torch.bfloat16)
+                 OUT_BF16=d.dtype == torch.bfloat16,
+                 BIAS_BF16=bias is not None and bias.dtype == torch.bfloat16)
     if _AUTOTUNE and config is None:
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)

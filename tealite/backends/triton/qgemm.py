@@ -43,7 +43,10 @@ base model: exact products, fp32 sums, no operand or 14-bit term.  One rounding 
 
 Performance: a classic tiled kernel with grouped ordering, no TMA or warp specialization
 (portable to ROCm); configs in ``_CUDA`` / ``_HIP``; benchmarks/qgemm_configs.py times the
-candidates against torch._scaled_mm.
+candidates against torch._scaled_mm.  Large dense MX problems on NVIDIA take the staged path
+instead (_qgemm_mx_staged.py: operands scaled into bf16 once, tealite's bf16 GEMM, an exact
+fixup of the tiles holding rows outside the fast range): the folded loop converts every
+operand tile once per output tile, which held MXFP8 at 22 % of the per-tensor FP8 qgemm.
 """
 from __future__ import annotations
 
@@ -56,11 +59,13 @@ from triton.runtime.errors import OutOfResources
 
 from tealite._checks import require
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
-from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
-from tealite.backends.triton._qgemm_operands import (
-    _decode_constants, _decode_f32, _fast_byte_range, _load_codes_f32, _load_e2m1_f32, _load_u8,
-    _mx_scaled_loop, _mx_tile_is_fast, _times_e8m0_pair, dot_fp8, typed_operands)
-# VARIANTS: the kernel variants chosen on the host ("mx": "fold" or "acc", _qgemm_mx_acc.py).
+from tealite.backends.triton._io import as_kernel_arg
+from tealite.backends.triton._qgemm_operands import (_decode_constants, _fast_byte_range,
+                                                     dot_fp8, typed_operands)
+from tealite.backends.triton import _qgemm_mx_staged as mx_staged_path
+from tealite.backends.triton._qgemm_tiles import _blockwise_loop, _epilogue, _mx_tile
+# VARIANTS: the kernel variants chosen on the host ("mx": "auto", "fold", "acc" or "staged";
+# _qgemm_mx_acc.py says which is which).
 from tealite.backends.triton._qgemm_mx_acc import (VARIANTS, mx_acc_fits, mx_acc_product,
                                                    mx_acc_runs)
 from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
@@ -87,160 +92,7 @@ _FP8_MMA_UNIT_ROUNDOFF = 2.0**-13
 _FP8_CODE_ALIGNMENT = FP8_CODE_ALIGNMENT
 
 
-# ---- per-block partial products: FP8 per-tensor / per-row / block, and MX's exact fallback -----
-
-@triton.jit
-def _dot(b, a, acc, IEEE: tl.constexpr):
-    if IEEE:  # fp32 operands: exact FMA products (Triton's NVIDIA default would be TF32)
-        return tl.dot(b, a, acc, input_precision="ieee", out_dtype=tl.float32)
-    else:
-        return tl.dot(b, a, acc, out_dtype=tl.float32)
-
-
-@triton.jit
-def _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, stride_a, stride_b,
-                    stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
-                    KIND: tl.constexpr, SCALE_K: tl.constexpr, SA_ROWS: tl.constexpr,
-                    E8M0_BIAS: tl.constexpr, EVEN_LOW: tl.constexpr, DOT_FP8: tl.constexpr,
-                    F32_OPERANDS: tl.constexpr, A_TYPED: tl.constexpr, A_EBITS: tl.constexpr,
-                    A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_SPECIALS: tl.constexpr,
-                    A_MIN_NORMAL: tl.constexpr, A_PACKED: tl.constexpr, B_TYPED: tl.constexpr,
-                    B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr,
-                    B_SPECIALS: tl.constexpr, B_MIN_NORMAL: tl.constexpr, B_PACKED: tl.constexpr,
-                    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    """acc = sum over K steps of the step's code product; block / MX kinds scale each step's
-    partial (a fresh dot inside one scale block) before adding it."""
-    rk = tl.arange(0, BLOCK_K)
-    rkh = tl.arange(0, BLOCK_K // 2)  # byte index along K of a packed E2M1 tile
-    if B_PACKED:
-        b_ptrs = b_ptr + bm[:, None] * stride_b + rkh[None, :]
-    else:
-        b_ptrs = b_ptr + bm[:, None] * stride_b + rk[None, :]
-    if A_PACKED:  # loaded (BN, BK/2) K-last, unpacked, then transposed for the dot
-        a_ptrs = a_ptr + an[:, None] * stride_a + rkh[None, :]
-    else:
-        a_ptrs = a_ptr + rk[:, None] + an[None, :] * stride_a
-    b_step = BLOCK_K // 2 if B_PACKED else BLOCK_K
-    a_step = BLOCK_K // 2 if A_PACKED else BLOCK_K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - kb * BLOCK_K
-        if DOT_FP8:  # fp8-typed pointers: the tiles are the tensor cores' fp8 operands
-            if EVEN_K:
-                b = tl.load(b_ptrs)
-                a = tl.load(a_ptrs)
-            else:
-                b = tl.load(b_ptrs, mask=rk[None, :] < k_left, other=0.0)
-                a = tl.load(a_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        else:
-            # Codes -> their exact values as bf16 (no native dot for this format pair here, or
-            # MX's fallback): every FP8 / E2M1 value is a NORMAL bf16 number, whereas fp16 would
-            # hold e5m2's subnormal codes as fp16 subnormals, which H100 tensor cores align at
-            # the smallest normal exponent (tolerance.aligned_magnitude).  fp32 in the
-            # interpreter (its bf16 dot is garbage): the same values.
-            b = _load_codes_f32(b_ptrs, rk, rkh, k_left, B_TYPED, B_PACKED, B_EBITS, B_MBITS,
-                                B_BIAS, B_SPECIALS, B_MIN_NORMAL, EVEN_K, EVEN_LOW)
-            if A_PACKED:
-                a = tl.trans(_load_e2m1_f32(a_ptrs, rkh[None, :], k_left, EVEN_K, EVEN_LOW))
-            elif A_TYPED:
-                if EVEN_K:
-                    a = tl.load(a_ptrs).to(tl.float32)
-                else:
-                    a = tl.load(a_ptrs, mask=rk[:, None] < k_left, other=0.0).to(tl.float32)
-            else:
-                a = _decode_f32(_load_u8(a_ptrs, rk[:, None] < k_left, EVEN_K), A_EBITS,
-                                A_MBITS, A_BIAS, A_SPECIALS, A_MIN_NORMAL)
-            if not F32_OPERANDS:
-                b = b.to(tl.bfloat16)
-                a = a.to(tl.bfloat16)
-        IEEE: tl.constexpr = F32_OPERANDS and not DOT_FP8
-        if KIND == 0:
-            acc = _dot(b, a, acc, IEEE)
-        else:
-            # A fresh dot per scale block: its partial sum is scaled in fp32 before joining acc.
-            part = _dot(b, a, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), IEEE)
-            sk = (kb * BLOCK_K) // SCALE_K
-            s_b = tl.load(sb_ptr + bm * stride_sb_row + sk * stride_sb_k)
-            s_a = tl.load(sa_ptr + (an // SA_ROWS) * stride_sa_row + sk * stride_sa_k)
-            if KIND == 1:
-                acc += (part * s_b[:, None]) * s_a[None, :]
-            else:
-                acc += _times_e8m0_pair(part, s_b, s_a, E8M0_BIAS)
-        b_ptrs += b_step
-        a_ptrs += a_step
-    return acc
-
-
 # ---- the kernel -------------------------------------------------------------------------------
-
-@triton.jit
-def _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
-              stride_sb_row, stride_om, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
-              BIAS_BF16: tl.constexpr, OUT_BF16: tl.constexpr):
-    if KIND == 0:  # per-tensor scales are row scales of stride 0
-        acc = (acc * tl.load(sb_ptr + bm * stride_sb_row)[:, None]) * \
-            tl.load(sa_ptr + an * stride_sa_row)[None, :]
-    mask_n = rn < N
-    if HAS_BIAS:
-        acc += load_f32(bias_ptr, rn, mask_n, BIAS_BF16)[None, :]
-    store_f32(out_ptr, rm[:, None] * stride_om + rn[None, :], acc,
-              (rm[:, None] < M) & mask_n[None, :], OUT_BF16)
-
-
-@triton.jit
-def _mx_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, n0, M, N, K, KS,
-             stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k,
-             stride_om, SCALE_K: tl.constexpr, E8M0_BIAS: tl.constexpr, EVEN_LOW: tl.constexpr,
-             F32_OPERANDS: tl.constexpr, A_TYPED: tl.constexpr, A_EBITS: tl.constexpr,
-             A_MBITS: tl.constexpr, A_BIAS: tl.constexpr, A_SPECIALS: tl.constexpr,
-             A_MIN_NORMAL: tl.constexpr, A_PACKED: tl.constexpr, A_MAG: tl.constexpr,
-             A_LO: tl.constexpr, A_HI: tl.constexpr, B_TYPED: tl.constexpr,
-             B_EBITS: tl.constexpr, B_MBITS: tl.constexpr, B_BIAS: tl.constexpr,
-             B_SPECIALS: tl.constexpr, B_MIN_NORMAL: tl.constexpr, B_PACKED: tl.constexpr,
-             B_MAG: tl.constexpr, B_LO: tl.constexpr, B_HI: tl.constexpr,
-             HAS_BIAS: tl.constexpr, BIAS_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
-             I64: tl.constexpr, EVEN_K: tl.constexpr, EVEN_SCALE_K: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One MX output tile: rows ``rm`` (``bm`` their wrapped reads, ``rm < M`` stored) and
-    columns ``rn`` = ``n0`` + arange (``an`` wrapped), through the fast path or the exact
-    fallback (the module docstring).  Shared by the dense kernel and the grouped one
-    (_grouped_kernels.py), which passes one group's pointers and its row end as ``M``."""
-    KIND: tl.constexpr = 2
-    SA_ROWS: tl.constexpr = 1
-    if _mx_tile_is_fast(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, rn < N, rm < M, K, KS,
-                        stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
-                        stride_sb_k, SCALE_K, A_TYPED, A_PACKED, A_MAG, A_LO, A_HI, B_TYPED,
-                        B_PACKED, B_MAG, B_LO, B_HI, BLOCK_M, BLOCK_N, BLOCK_K):
-        acc = _mx_scaled_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, K, KS, stride_a, stride_b,
-                              stride_sa_row, stride_sa_k, stride_sb_row, stride_sb_k, SCALE_K,
-                              E8M0_BIAS, EVEN_LOW, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
-                              A_SPECIALS, A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS, B_MBITS,
-                              B_BIAS, B_SPECIALS, B_MIN_NORMAL, B_PACKED, F32_OPERANDS, EVEN_K,
-                              BLOCK_M, BLOCK_N, BLOCK_K)
-        _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
-                  stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
-    else:
-        # Exact fallback, one 32-long scale block per step.  It keeps a partial product beside
-        # the accumulator, so it covers the tile in two column halves: its registers then
-        # peak where the fast path's do (no spills leaking into the fast loop).
-        HALF: tl.constexpr = BLOCK_N // 2
-        for h in tl.static_range(2):
-            rn_h = n0 + h * HALF + tl.arange(0, HALF)
-            an_h = rn_h % N
-            if I64:
-                an_h = an_h.to(tl.int64)
-            acc_h = _blockwise_loop(a_ptr, b_ptr, sa_ptr, sb_ptr, an_h, bm, K, stride_a,
-                                    stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
-                                    stride_sb_k, KIND, SCALE_K, SA_ROWS, E8M0_BIAS, EVEN_LOW,
-                                    False, F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS,
-                                    A_SPECIALS, A_MIN_NORMAL, A_PACKED, B_TYPED, B_EBITS,
-                                    B_MBITS, B_BIAS, B_SPECIALS, B_MIN_NORMAL, B_PACKED,
-                                    EVEN_SCALE_K, BLOCK_M, HALF, SCALE_K)
-            _epilogue(acc_h, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn_h, bm, an_h, M, N,
-                      stride_sa_row, stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16,
-                      OUT_BF16)
-
 
 @triton.jit
 def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
@@ -423,10 +275,15 @@ def _span(t: torch.Tensor) -> int:
 
 
 def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
-           bias, config: QGemmConfig | None = None, mx_acc: bool = False) -> torch.Tensor:
+           bias, config: QGemmConfig | None = None, mx_acc: bool = False,
+           mx_staged: bool = False) -> torch.Tensor:
     """Run the kernel; ``config`` overrides the fixed choice (benchmarks); ``mx_acc`` runs
-    the MX accumulator variant (only where ``mx_acc_runs``)."""
+    the MX accumulator variant (only where ``mx_acc_runs``), ``mx_staged`` the staged MX path
+    (_qgemm_mx_staged.py; MX recipes only)."""
     kind = qgemm_kind(recipe_a)
+    require(not mx_staged or (kind == "mx" and not mx_acc),
+            f"mx_staged: the staged path takes MX recipes (and not mx_acc), got "
+            f"{describe(recipe_a)} x {describe(recipe_b)}")
     require(not mx_acc or mx_acc_fits(kind, recipe_a.fmt, recipe_b.fmt, a_codes.device),
             f"mx_acc: the MX accumulator variant takes MX recipes with e4m3 / e5m2 codes "
             f"multiplied natively (or interpreted), got {describe(recipe_a)} x "
@@ -456,9 +313,12 @@ def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k,
     table = "mx-acc" if mx_acc else kind  # the variant's configs: their own table rows
     chosen = config or pick_config(table, native, m, n, device)
     tries = (chosen,) if config is not None or INTERPRET else (chosen, *_FALLBACKS)
+    if mx_staged:  # the bf16 GEMM of staged operands, then the exact fixup of flagged tiles
+        args = _staged_product(args, recipe_a.fmt, recipe_b.fmt, m, n, k, out_dtype, bias)
+        out = args[5].view(out_dtype)
     for i, cfg in enumerate(tries):
         try:
-            _launch_one(cfg, args, flags, kind, m, n, k)
+            _launch_one(cfg, args, flags, kind, m, n, k, staged=mx_staged)
             if i:  # remember what fits this device for this key
                 _working[_table_key(table, native, m, n, device)] = cfg
             return out
@@ -468,12 +328,32 @@ def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k,
     return out
 
 
-def _operand_constants(prefix: str, fmt: str) -> dict:
+def _constants(fmt: str) -> dict:
+    """A code format's kernel constants: its bit layout and fast E8M0 byte range."""
     lo, hi = _fast_byte_range(fmt, _E8M0_BIAS)
-    return {f"{prefix}_{c}": v for c, v in dict(_decode_constants(fmt), LO=lo, HI=hi).items()}
+    return dict(_decode_constants(fmt), LO=lo, HI=hi)
 
 
-def _launch_one(cfg: QGemmConfig, args, flags, kind: str, m: int, n: int, k: int) -> None:
+def _operand_constants(prefix: str, fmt: str) -> dict:
+    return {f"{prefix}_{c}": v for c, v in _constants(fmt).items()}
+
+
+def _staged_product(args, fmt_a: str, fmt_b: str, m: int, n: int, k: int, out_dtype, bias):
+    """Stage both operands, multiply them in bf16; the kernel arguments again, now with the
+    GEMM's output and the row flags (for the fixup launch)."""
+    a, b, sa, sb, _, _, *sizes, s_a, s_b, sa_row, sa_k, sb_row, sb_k, _ = args
+    common = dict(e8m0_bias=_E8M0_BIAS, scale_block=_MX_SCALE_K,
+                  even_low=_E2M1_EVEN_IN_LOW_NIBBLE)
+    a16, fa = mx_staged_path.stage(a, sa, sa_row, sa_k, n, k, _constants(fmt_a), **common)
+    b16, fb = mx_staged_path.stage(b, sb, sb_row, sb_k, m, k, _constants(fmt_b), **common)
+    out = mx_staged_path.multiply_staged(a16, b16, out_dtype, bias)
+    bias_arg = as_kernel_arg(bias.contiguous()) if bias is not None else as_kernel_arg(out)
+    return (a, b, sa, sb, bias_arg, as_kernel_arg(out), fa, fb, *sizes, s_a, s_b, sa_row, sa_k,
+            sb_row, sb_k, out.stride(0))
+
+
+def _launch_one(cfg: QGemmConfig, args, flags, kind: str, m: int, n: int, k: int,
+                staged: bool = False) -> None:
     block_k = cfg.block_k
     if kind == "block":  # a K step never straddles two scale blocks
         block_k = min(block_k, _BLOCK_SCALE_K)
@@ -483,10 +363,15 @@ def _launch_one(cfg: QGemmConfig, args, flags, kind: str, m: int, n: int, k: int
         require(block_k % _MX_SCALE_K == 0, f"BLOCK_K {block_k} must be a multiple of the MX "
                                              f"scale block {_MX_SCALE_K}")
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-    _qgemm_kernel[grid](*args, **flags, EVEN_K=k % block_k == 0,
-                        EVEN_SCALE_K=kind == "mx" and k % _MX_SCALE_K == 0, BLOCK_M=cfg.block_m,
-                        BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
-                        **cfg.launch_options())
+    kernel = _qgemm_kernel
+    if staged:  # the fixup kernel: the MX tile only, persistent
+        kernel = mx_staged_path.fixup_kernel
+        flags = {f: v for f, v in flags.items() if f not in mx_staged_path.DENSE_ONLY_FLAGS}
+        grid = (mx_staged_path.fixup_programs(grid[0], args[0].device),)
+    kernel[grid](*args, **flags, EVEN_K=k % block_k == 0,
+                 EVEN_SCALE_K=kind == "mx" and k % _MX_SCALE_K == 0, BLOCK_M=cfg.block_m,
+                 BLOCK_N=cfg.block_n, BLOCK_K=block_k, GROUP_M=cfg.group_m,
+                 **cfg.launch_options())
 
 
 # ---- registration -----------------------------------------------------------------------------
@@ -578,7 +463,9 @@ def _why_not(params) -> str | None:
                     numerics=_dense_numerics)
 def qgemm(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k, out_dtype,
           bias):
-    mx_acc = mx_acc_runs(qgemm_kind(recipe_a), recipe_a.fmt, recipe_b.fmt, a_codes.device)
+    kind = qgemm_kind(recipe_a)
+    mx_acc = mx_acc_runs(kind, recipe_a.fmt, recipe_b.fmt, a_codes.device)
+    mx_staged = not mx_acc and mx_staged_path.staged_runs(kind, m, n, k, a_codes.device)
     out = launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, m=m, n=n, k=k,
-                 out_dtype=out_dtype, bias=bias, mx_acc=mx_acc)
+                 out_dtype=out_dtype, bias=bias, mx_acc=mx_acc, mx_staged=mx_staged)
     return out, {}
