@@ -146,13 +146,14 @@ _MX_SHAPES = [(64, 128), (64, 96), (72, 40), (36, 64)]
 
 # The kernels every variant is compared with (the ladder, the NaN fix-ups, the byte transpose).
 _MX_REFERENCE = {"ct": "trans", "e2m1": "ladder", "nan": "fix", "row": "tile"}
-_MX_CHOSEN = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "tile"}
+_MX_CHOSEN = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "pairs"}
 
 
 def test_the_defaults_are_the_measured_choices():
     """The defaults are what the H100 sweep measured fastest (docs/benchmarks.md, fifth
     session): arithmetic E2M1 and no NaN fix-ups but for MXFP8 rowwise-only, the byte
-    transpose for MX, the packed transpose for FP8 per-tensor and block 1x128."""
+    transpose for MX, the packed transpose for FP8 per-tensor and block 1x128; MXFP4 rowwise
+    from bf16 pairs (seventh session)."""
     assert TQMX.VARIANTS == _MX_CHOSEN
     assert TQ.VARIANTS == TQB.VARIANTS == {"ct": "packed"}
 

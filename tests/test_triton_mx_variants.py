@@ -57,7 +57,9 @@ def _ct(x, recipe, variant, monkeypatch, rowwise=True):
 
 
 def test_the_default_kernels_stay_until_measured():
-    assert TQMX.VARIANTS["row"] == "tile" and TQMX.VARIANTS["ct"] == "trans"
+    """MXFP4 rowwise from bf16 pairs (H100: 90.7 % of copy against 81.7, same bits); the MX
+    cast-transposes stay on the byte transpose ("cols" wrote other bits for MXFP8)."""
+    assert TQMX.VARIANTS["row"] == "pairs" and TQMX.VARIANTS["ct"] == "trans"
 
 
 def test_pairs_gives_the_default_bits_and_runs(monkeypatch):

@@ -90,14 +90,17 @@ _TILES = {(True, False): (32, 128, 4), (False, True): (32, 64, 2), (True, True):
 # "cols" wrote other bits than the default on the H100 at 32x256/4 and 32x128/2** (the
 # interpreter's bits agree: a compiled-only difference, not found yet): do not select it for
 # MXFP8.  No default moved on these: the gains are small and no compiled fuzz ran with them.
-VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "tile"}
+# Seventh session (docs/benchmarks/2026-11-27-s7/h100-mxfp4-row-sweep.txt): "pairs" on wider
+# tiles, 16 x 512 on 4 warps 90.7 % of copy (32 x 256 / 4: 89.0; the default tile 81.7), same
+# bits as the default kernel on every tile: "pairs" is MXFP4 rowwise's default since.
+VARIANTS = {"ct": "trans", "e2m1": "arith", "nan": "auto", "row": "pairs"}
 # Tiles of the "packed" cast-transpose, per (rowwise, columnwise) with columnwise (BM a
 # multiple of 32, BN of 32): 64 x 64 on 2 warps has the fewest instructions per element of
 # those cross-compiled (benchmarks/quantize_ptx.py); not yet timed on a GPU.
 _PACKED_TILES = {(False, True): (64, 64, 2), (True, True): (64, 64, 2)}
-# Tile of the "pairs" rowwise kernel (rows, x columns, warps[, GROUP_M]): 32 x 128 on 4 warps
-# is 2048 words, 16 (one 32-element block) per thread; not yet timed on a GPU.
-_PAIRS_TILES = {(True, False): (32, 128, 4), (False, True): (64, 64, 2), (True, True): (64, 64, 2)}
+# Tile of the "pairs" rowwise kernel (rows, x columns, warps[, GROUP_M]): 16 x 512 on 4 warps,
+# 32 elements (one block) per thread, fastest of the H100 sweep (above; 32 x 128 / 4: 84.0 %).
+_PAIRS_TILES = {(True, False): (16, 512, 4), (False, True): (64, 64, 2), (True, True): (64, 64, 2)}
 # Tiles of the "cols" MXFP4 cast-transpose (_mx_pairs; 32 rows always, the first entry is
 # ignored): 32 x 256 on 4 warps is one word (2 columns) per thread and row, 38.5 SASS / el
 # on sm_90a against 49.0 for the default (2 words per thread, on 2 warps: layout changes
