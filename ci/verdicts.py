@@ -24,7 +24,9 @@ RoPE on every CPU backend), then extended after issue 16 merged the MoE family (
 ``moe_layer`` check from a fresh record, re-checked unchanged before committing), then after
 issue 17 (1889 cases: the 1529 kept, four shuffle_weight entries' worst-element values
 re-read as signed int16 after tiers/exact.py's bit-pattern fix (verdicts unchanged), plus 360
-cases of the multi-tensor, bulk-scaling, dropout, transpose and layernorm_mlp specs).
+cases of the multi-tensor, bulk-scaling, dropout, transpose and layernorm_mlp specs), then
+1957 (the 1889 kept, plus the smoke and drawn cases of the two specs added since without
+entries: add_rmsnorm_pad 35, attention_bwd_fp8 33; seventh session).
 """
 from __future__ import annotations
 

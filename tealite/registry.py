@@ -169,6 +169,11 @@ class Backend:
         reason = self.unavailable_reason()
         if reason is not None:
             return f"backend unavailable: {reason}"
+        return self.why_case_unsupported(op, params)
+
+    def why_case_unsupported(self, op: str, params: Mapping[str, Any]) -> str | None:
+        """``why_unsupported`` once the backend is known to be available (its probe is not
+        run again: dispatch calls this on every op call)."""
         impl = self.impls.get(op)
         if impl is None:
             return f"op {op} not implemented"
@@ -319,7 +324,7 @@ def dispatch(op: str, params: Mapping[str, Any], backend: str | None) -> Impl:
         reason = b.unavailable_reason()
         if reason is not None:
             raise BackendUnavailable(f"backend {backend!r} is unavailable: {reason}")
-        reason = b.why_unsupported(op, params)
+        reason = b.why_case_unsupported(op, params)
         if reason is not None:
             raise UnsupportedCase(f"backend {backend!r} does not support {op} here: {reason}")
         return _chosen(b.impls[op], params)
