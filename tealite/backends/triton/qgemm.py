@@ -296,12 +296,26 @@ def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k,
     sa, sa_row, sa_k, sa_rows = _scale_operand(recipe_a, a_scales, n, k, "a")
     sb, sb_row, sb_k, sb_rows = _scale_operand(recipe_b, b_scales, m, k, "b")
     require(sb_rows == 1, "b (activations) must use 1x128 block scaling")
-    out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
-        return out
+        return torch.empty((m, n), dtype=out_dtype, device=device)
+    row_flags = ()
+    if mx_staged:  # the bf16 GEMM of staged operands writes out; the fixup launch (below)
+        # redoes the tiles touching a flagged row
+        common = dict(e8m0_bias=_E8M0_BIAS, scale_block=_MX_SCALE_K,
+                      even_low=_E2M1_EVEN_IN_LOW_NIBBLE)
+        a16, fa = mx_staged_path.stage(a, sa, sa_row, sa_k, n, k, _constants(recipe_a.fmt),
+                                       **common)
+        b16, fb = mx_staged_path.stage(b, sb, sb_row, sb_k, m, k, _constants(recipe_b.fmt),
+                                       **common)
+        out = mx_staged_path.multiply_staged(a16, b16, out_dtype, bias)
+        del a16, b16
+        row_flags = (fa, fb)
+    else:
+        out = torch.empty((m, n), dtype=out_dtype, device=device)
     bias_arg = as_kernel_arg(bias.contiguous()) if bias is not None else out
-    args = (a, b, sa, sb, bias_arg, as_kernel_arg(out), m, n, k, triton.cdiv(k, _MX_SCALE_K),
-            a.stride(0), b.stride(0), sa_row, sa_k, sb_row, sb_k, out.stride(0))
+    args = (a, b, sa, sb, bias_arg, as_kernel_arg(out), *row_flags, m, n, k,
+            triton.cdiv(k, _MX_SCALE_K), a.stride(0), b.stride(0), sa_row, sa_k, sb_row, sb_k,
+            out.stride(0))
     flags = dict(KIND=_KINDS[kind], SCALE_K=_scale_k(kind) or 1, SA_ROWS=sa_rows,
                  E8M0_BIAS=_E8M0_BIAS, EVEN_LOW=_E2M1_EVEN_IN_LOW_NIBBLE,
                  DOT_FP8=native and kind != "mx", F32_OPERANDS=INTERPRET, A_TYPED=typed_a,
@@ -313,9 +327,6 @@ def launch(recipe_a, a_codes, a_scales, recipe_b, b_codes, b_scales, *, m, n, k,
     table = "mx-acc" if mx_acc else kind  # the variant's configs: their own table rows
     chosen = config or pick_config(table, native, m, n, device)
     tries = (chosen,) if config is not None or INTERPRET else (chosen, *_FALLBACKS)
-    if mx_staged:  # the bf16 GEMM of staged operands, then the exact fixup of flagged tiles
-        args = _staged_product(args, recipe_a.fmt, recipe_b.fmt, m, n, k, out_dtype, bias)
-        out = args[5].view(out_dtype)
     for i, cfg in enumerate(tries):
         try:
             _launch_one(cfg, args, flags, kind, m, n, k, staged=mx_staged)
@@ -336,20 +347,6 @@ def _constants(fmt: str) -> dict:
 
 def _operand_constants(prefix: str, fmt: str) -> dict:
     return {f"{prefix}_{c}": v for c, v in _constants(fmt).items()}
-
-
-def _staged_product(args, fmt_a: str, fmt_b: str, m: int, n: int, k: int, out_dtype, bias):
-    """Stage both operands, multiply them in bf16; the kernel arguments again, now with the
-    GEMM's output and the row flags (for the fixup launch)."""
-    a, b, sa, sb, _, _, *sizes, s_a, s_b, sa_row, sa_k, sb_row, sb_k, _ = args
-    common = dict(e8m0_bias=_E8M0_BIAS, scale_block=_MX_SCALE_K,
-                  even_low=_E2M1_EVEN_IN_LOW_NIBBLE)
-    a16, fa = mx_staged_path.stage(a, sa, sa_row, sa_k, n, k, _constants(fmt_a), **common)
-    b16, fb = mx_staged_path.stage(b, sb, sb_row, sb_k, m, k, _constants(fmt_b), **common)
-    out = mx_staged_path.multiply_staged(a16, b16, out_dtype, bias)
-    bias_arg = as_kernel_arg(bias.contiguous()) if bias is not None else as_kernel_arg(out)
-    return (a, b, sa, sb, bias_arg, as_kernel_arg(out), fa, fb, *sizes, s_a, s_b, sa_row, sa_k,
-            sb_row, sb_k, out.stride(0))
 
 
 def _launch_one(cfg: QGemmConfig, args, flags, kind: str, m: int, n: int, k: int,
