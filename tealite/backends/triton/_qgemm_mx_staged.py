@@ -14,9 +14,10 @@ the size rule in ``staged_pays``).
 Exactness is the folded path's (_qgemm_operands.py): a staged value code x 2^(byte - 127) is
 exact in bf16 when the byte lies in the format's fast range, or when it lies below it and the
 code is 0.  The stage pass marks every row holding any other element (a byte above the range,
-NaN 0xFF included, or a nonzero code under a byte below it) in a per-row int32 flag.  The
-fixup launch covers the output tiles: a tile whose A and B rows are all unflagged returns at
-once; any other tile is recomputed by the folded kernel's own tile (``_mx_tile``: its tile
+NaN 0xFF included, or a nonzero code under a byte below it) in a per-row int32 flag, and an
+any-row word after the rows.  The fixup launch (persistent) reads the two any-row words and,
+only when one is set, walks the output tiles: a tile whose A and B rows are all unflagged is
+skipped; any other tile is recomputed by the folded kernel's own tile (``_mx_tile``: its tile
 check sends it to the exact per-32-block fallback), overwriting what the bf16 GEMM wrote.
 
 Numerics: the same as the folded fast path, one fp32-accumulated bf16 dot chain over all of K
