@@ -7,7 +7,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from tealite.numerics import Numerics
 import triton
 import triton.language as tl
 
@@ -15,10 +14,11 @@ from tealite import registry
 from tealite import recipes as R
 from tealite.backends import triton as triton_backend
 from tealite.backends.triton import INTERPRET
-from tealite_verify.tiers import gemm as TG
-from tealite_verify.references import quantize as qref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
+
+from _helpers_qgemm import (ML_DTYPES as _ML, mx_edge_operands, mx_out_of_bound, mx_recipe,
+                            qgemm_case)
 
 TRITON = registry.get_backend("triton")
 pytestmark = pytest.mark.skipif(TRITON.unavailable_reason() is not None,
@@ -45,17 +45,11 @@ def _blk(fmt="e4m3", block=(128, 128), pow2=False):
             "amax_epsilon": 0.0}
 
 
-def _mx(fmt="e4m3", scale="rceil", elem="rne"):
-    return {"kind": "mx", "fmt": fmt, "scale_rounding": scale, "element_rounding": elem}
+_mx = mx_recipe
 
 
 def _case(ra, rb, layout, m, n, k, **kw):
-    case = {"recipe_a": ra, "recipe_b": rb, "m": m, "n": n, "k": k, "layout": layout,
-            "dtype": "bfloat16", "out_dtype": "bfloat16", "bias": False,
-            "dist_a": {"kind": "normal", "scale": 1.0},
-            "dist_b": {"kind": "normal", "scale": 1.0}, "seed": 5}
-    case.update(kw)
-    return case
+    return qgemm_case(ra, rb, layout, m, n, k, seed=5, **kw)
 
 
 _OUTLIERS = {"kind": "outliers", "scale": 1.0, "frac": 0.002, "factor": 1024.0}
@@ -119,11 +113,6 @@ def _pair_kernel(part_ptr, byte_ptr, out_ptr, ROWS: tl.constexpr):
     out = _times_e8m0_pair(tl.load(part_ptr + offs), tl.load(byte_ptr + rows),
                            tl.load(byte_ptr + cols), 127)
     tl.store(out_ptr + offs, out)
-
-
-_ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
-       "e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
-       "e2m1": ml_dtypes.float4_e2m1fn}
 
 
 @pytest.mark.parametrize("fmt", list(_ML))
@@ -255,83 +244,30 @@ def test_bad_scale_shapes_are_rejected_with_the_argument_named():
 
 # ---- MX scale bytes outside the fast path's exact range ----------------------------------------
 
-def _finite_codes(fmt, shape, rng, subnormal=False):
-    n = 16 if fmt == "e2m1" else 256
-    codes = np.arange(n, dtype=np.uint8)
-    vals = np.abs(codes.view(_ML[fmt]).astype(np.float64))
-    keep = np.isfinite(vals)
-    if subnormal:
-        keep &= (vals > 0) & (vals < float(ml_dtypes.finfo(_ML[fmt]).smallest_normal))
-    return rng.choice(codes[keep], size=shape)
-
-
-def _edge_operands(case, fmt_a, fmt_b):
-    """(a bits (N, K), a bytes, b bits (M, K), b bytes): normal random MX operands with one edge
-    planted; M = 20, N = 40 span fast and fallback tiles in one launch."""
-    rng = np.random.default_rng(7)
-    m, n, k = 20, 40, 128
-    a_bits, b_bits = _finite_codes(fmt_a, (n, k), rng), _finite_codes(fmt_b, (m, k), rng)
-    a_bytes, b_bytes = rng.integers(120, 135, (n, 4)), rng.integers(120, 135, (m, 4))
-    if case == "overflow":
-        # Columns 0-2, block 1: codes x 2^(byte - 127) above bf16's (= fp32's) largest value;
-        # B's block 1 scaled down so that every product stays far inside fp32.
-        a_bytes[:3, 1] = min(tq._fast_byte_range(fmt_a, 127)[1] + 3, 254)
-        b_bytes[:, 1] = 20
-    elif case == "underflow":
-        # Rows 0-3: only block 2 is nonzero, subnormal codes at byte 0 (below bf16's subnormal
-        # step 2^-133); A's block 2 scaled up so those products are the rows' whole result.
-        b_bits[:4] = 0
-        b_bits[:4, 64:96] = _finite_codes(fmt_b, (4, 32), rng, subnormal=True)
-        b_bytes[:4] = 0
-        a_bytes[:, 2] = 200
-    elif case == "nan-byte":
-        a_bytes[5, 3] = 0xFF
-    elif case == "zero-blocks":
-        # amax == 0 blocks (byte 0, zero codes) stay on the fast path, exactly.
-        b_bits[8:12], b_bytes[8:12] = 0, 0
-        a_bits[30:34, :32], a_bytes[30:34, 0] = 0, 0
-    return a_bits, a_bytes.astype(np.uint8), b_bits, b_bytes.astype(np.uint8)
-
-
-def _edge_mismatches(case, fmt_a, fmt_b) -> int:
-    """Elements of the triton MX product outside the declared gemm bound (NaN must match)."""
-    a_bits, a_bytes, b_bits, b_bytes = _edge_operands(case, fmt_a, fmt_b)
-    (n, k), m = a_bits.shape, b_bits.shape[0]
-
-    def codes(bits, fmt):
-        return torch.from_numpy(qref.pack_e2m1(bits) if fmt == "e2m1" else bits).to(DEVICE)
-
-    out = tq.launch(R.MXBlockScaling(fmt_a), codes(a_bits, fmt_a),
-                    torch.from_numpy(a_bytes).to(DEVICE), R.MXBlockScaling(fmt_b),
-                    codes(b_bits, fmt_b), torch.from_numpy(b_bytes).to(DEVICE), m=m, n=n, k=k,
-                    out_dtype=torch.float32, bias=None).cpu().numpy().astype(np.float64)
-    a = qref.mx_dequantize(a_bits, a_bytes, fmt_a)
-    b = qref.mx_dequantize(b_bits, b_bytes, fmt_b)
-    with np.errstate(invalid="ignore"):
-        want, p_abs = b @ a.T, np.abs(b) @ np.abs(a).T
-    numerics = Numerics.of(tq._numerics({"kind": "mx", "fmt_a": fmt_a, "fmt_b": fmt_b, "k": k,
-                                         "device": "cpu" if INTERPRET else "cuda"}))
-    tol = TG.gemm_tolerances(np.nan_to_num(p_abs), np.nan_to_num(want), want, k,
-                                    torch.float32, numerics, alpha=1.0,
-                                    epilogue_abs=np.zeros_like(want))["out"]
-    nan = np.isnan(want)
-    with np.errstate(invalid="ignore"):
-        bad = np.isnan(out) != nan
-        bad |= ~nan & ~(np.abs(out - want) <= tol)
-    return int(bad.sum())
+def _edge_mismatches(case, fmt_a, fmt_b, **launch_kw) -> int:
+    """Elements of the triton MX product (``launch_kw``: a variant, e.g. mx_staged=True)
+    outside the declared gemm bound (NaN must match)."""
+    return mx_out_of_bound(mx_edge_operands(case, fmt_a, fmt_b), fmt_a, fmt_b, DEVICE,
+                           tq._numerics, **launch_kw)
 
 
 _EDGES = ["overflow", "underflow", "nan-byte", "zero-blocks"]
 _EDGE_FMTS = [("e4m3", "e4m3"), ("e2m1", "e5m2")]
 
 
+# The folded MX kernel and the staged path (_qgemm_mx_staged.py: its stage pass flags the same
+# rows, and its fixup runs the folded tile) meet the same edges.
+_MX_PATHS = pytest.mark.parametrize("staged", [False, True], ids=["fold", "staged"])
+
+
+@_MX_PATHS
 @pytest.mark.parametrize("fmts", _EDGE_FMTS, ids="-".join)
 @pytest.mark.parametrize("case", _EDGES)
-def test_mx_scale_bytes_outside_the_fast_range_stay_exact(case, fmts):
+def test_mx_scale_bytes_outside_the_fast_range_stay_exact(case, fmts, staged):
     """Tiles whose scaled operands would leave bf16's normal range (or meet a NaN byte) take
     the exact per-block fallback; zero blocks at byte 0 keep the fast path; both are judged
     against the float64 product with the declared (base-model) bound."""
-    assert _edge_mismatches(case, *fmts) == 0
+    assert _edge_mismatches(case, *fmts, mx_staged=staged) == 0
 
 
 @triton.jit
@@ -364,17 +300,18 @@ def _codes_not_checked(m):
     m.setattr(tq, "_decode_constants", lambda fmt: dict(good(fmt), MAG=0))
 
 
+@_MX_PATHS
 @pytest.mark.parametrize("fmts", _EDGE_FMTS, ids="-".join)
 @pytest.mark.parametrize("seed,cases", [
     (_always_fast, ["overflow", "underflow"]),  # no fallback at all
     (_high_bytes_fast, ["overflow"]),  # the upper byte bound dropped
     (_codes_not_checked, ["underflow"]),  # low bytes pass as if their codes were all zero
 ], ids=lambda v: v.__name__.strip("_") if callable(v) else "+".join(v))
-def test_seeded_mx_routing_bugs_are_caught(monkeypatch, seed, cases, fmts):
+def test_seeded_mx_routing_bugs_are_caught(monkeypatch, seed, cases, fmts, staged):
     for case in cases:
         with monkeypatch.context() as m:
             seed(m)
-            assert _edge_mismatches(case, *fmts) > 0, case
+            assert _edge_mismatches(case, *fmts, mx_staged=staged) > 0, case
 
 
 # ---- seeded kernel bugs -----------------------------------------------------------------------

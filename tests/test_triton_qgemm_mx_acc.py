@@ -6,6 +6,8 @@ one 32-block late, the range check dropped) are caught, the declaration follows 
 and the kernel cross-compiles for sm_90 without spilling."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -16,12 +18,12 @@ from tealite import recipes as R
 from tealite import registry
 from tealite.backends import triton as triton_backend
 from tealite.backends.triton import INTERPRET
-from tealite.numerics import Numerics
-from tealite_verify.references import quantize as qref
 from tealite_verify.runner import run_case
 from tealite_verify.specs import get_spec
-from tealite_verify.tiers import gemm as TG
+
 from _helpers_cross_compile import compiled_json
+from _helpers_qgemm import (MX_OUTLIERS, WIDE, launch_flags, mx_out_of_bound, mx_recipe,
+                            qgemm_case, scales_one_block_late)
 
 TRITON = registry.get_backend("triton")
 pytestmark = pytest.mark.skipif(TRITON.unavailable_reason() is not None,
@@ -37,40 +39,17 @@ if TRITON.unavailable_reason() is None:
 @pytest.fixture
 def acc(monkeypatch):
     """The variant switched on; yields the mx_acc flag of every dense launch."""
-    flags = []
-    real = tq.launch
-
-    def spy(*args, **kwargs):
-        flags.append(kwargs.get("mx_acc", False))
-        return real(*args, **kwargs)
-
-    monkeypatch.setitem(tq.VARIANTS, "mx", "acc")
-    monkeypatch.setattr(tq, "launch", spy)
-    yield flags
+    yield launch_flags(monkeypatch, tq, "acc", "mx_acc")
 
 
-def _mx(fmt="e4m3", scale="rceil"):
-    return {"kind": "mx", "fmt": fmt, "scale_rounding": scale, "element_rounding": "rne"}
-
-
-def _case(ra, rb, layout, m, n, k, **kw):
-    case = {"recipe_a": ra, "recipe_b": rb, "m": m, "n": n, "k": k, "layout": layout,
-            "dtype": "bfloat16", "out_dtype": "bfloat16", "bias": False,
-            "dist_a": {"kind": "normal", "scale": 1.0},
-            "dist_b": {"kind": "normal", "scale": 1.0}, "seed": 11}
-    case.update(kw)
-    return case
-
-
-# Outliers put most of a block's codes far below its largest: subnormal FP8 codes.
-_OUTLIERS = {"kind": "outliers", "scale": 1.0, "frac": 0.01, "factor": 4096.0}
-_WIDE = {"kind": "wide", "log2_lo": -30, "log2_hi": 20, "sample_dtype": "float32"}
+_mx = mx_recipe
+_case = functools.partial(qgemm_case, seed=11)
 CASES = {
-    "e4m3-TN-subnormal-codes": _case(_mx(), _mx(), "TN", 20, 40, 128, dist_a=_OUTLIERS,
-                                     dist_b=_OUTLIERS, out_dtype="float32"),
+    "e4m3-TN-subnormal-codes": _case(_mx(), _mx(), "TN", 20, 40, 128, dist_a=MX_OUTLIERS,
+                                     dist_b=MX_OUTLIERS, out_dtype="float32"),
     "e5m2-x-e4m3-NN-k45-bias": _case(_mx("e5m2"), _mx(), "NN", 17, 33, 45, bias=True),
     "e4m3-x-e5m2-TT-k100": _case(_mx(), _mx("e5m2", "floor"), "TT", 24, 20, 100),
-    "e4m3-NT-wide-scales": _case(_mx(), _mx(), "NT", 18, 36, 96, dist_a=_WIDE, dist_b=_WIDE,
+    "e4m3-NT-wide-scales": _case(_mx(), _mx(), "NT", 18, 36, 96, dist_a=WIDE, dist_b=WIDE,
                                  out_dtype="float32"),
     "e5m2-tiny-k1": _case(_mx("e5m2"), _mx("e5m2"), "TN", 3, 7, 1, dist_a={"kind": "tiny"},
                           dtype="float32"),
@@ -149,31 +128,8 @@ def _edge(case, fmt_b="e4m3"):
 
 def _mismatches(case, fmt_b="e4m3") -> int:
     """Elements of the variant's product outside its declared gemm bound (NaN must match)."""
-    a_bits, a_bytes, b_bits, b_bytes = _edge(case, fmt_b)
-    (n, k), m = a_bits.shape, b_bits.shape[0]
-
-    def t(x):
-        return torch.from_numpy(x).to(DEVICE)
-
-    out = tq.launch(R.MXBlockScaling("e4m3"), t(a_bits), t(a_bytes), R.MXBlockScaling(fmt_b),
-                    t(b_bits), t(b_bytes), m=m, n=n, k=k, out_dtype=torch.float32, bias=None,
-                    mx_acc=True).cpu().numpy().astype(np.float64)
-    a = qref.mx_dequantize(a_bits, a_bytes, "e4m3")
-    b = qref.mx_dequantize(b_bits, b_bytes, fmt_b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        want, p_abs = b @ a.T, np.abs(b) @ np.abs(a).T
-    numerics = Numerics.of(tq._dense_numerics({"kind": "mx", "fmt_a": "e4m3", "fmt_b": fmt_b,
-                                               "k": k, "device": DEVICE}))
-    if numerics.alignment_floor is not None:  # on the GPU: the FP8 MMA's magnitudes, lifted
-        p_abs = np.maximum(p_abs, np.abs(b).max() * np.abs(a).max())
-    tol = TG.gemm_tolerances(np.nan_to_num(p_abs), np.nan_to_num(want), want, k,
-                             torch.float32, numerics, alpha=1.0,
-                             epilogue_abs=np.zeros_like(want))["out"]
-    nan = np.isnan(want)
-    with np.errstate(invalid="ignore"):
-        bad = np.isnan(out) != nan
-        bad |= ~nan & ~(np.abs(out - want) <= tol)
-    return int(bad.sum())
+    return mx_out_of_bound(_edge(case, fmt_b), "e4m3", fmt_b, DEVICE, tq._dense_numerics,
+                           mx_acc=True)
 
 
 @pytest.mark.parametrize("fmt_b", ["e4m3", "e5m2"])
@@ -185,19 +141,11 @@ def test_scale_pairs_outside_fp32_stay_exact(acc, case, fmt_b):
 
 # ---- seeded bugs -------------------------------------------------------------------------------
 
-def _scales_one_block_late(real):
-    """MX scales read one 32-block late: block c multiplied by block c - 1's scale."""
-    def late(recipe, scales, rows, k, name):
-        s, *rest = real(recipe, scales, rows, k, name)
-        return (torch.roll(s, 1, dims=-1) if s.dim() == 2 else s, *rest)
-    return late
-
-
 def test_seeded_scale_one_block_late_is_caught(acc, monkeypatch):
     case = CASES["e4m3-NT-wide-scales"]
     good = run_case(SPEC, case, backends=["triton", "torch"], device=DEVICE)
     assert good.verdict == "pass", good.describe()
-    monkeypatch.setattr(tq, "_scale_operand", _scales_one_block_late(tq._scale_operand))
+    monkeypatch.setattr(tq, "_scale_operand", scales_one_block_late(tq._scale_operand))
     bad = run_case(SPEC, case, backends=["triton", "torch"], device=DEVICE)
     assert bad.outcomes["triton"].status == "ok", bad.describe()
     assert bad.verdict == "fail", bad.describe()
