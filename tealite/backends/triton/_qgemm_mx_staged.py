@@ -35,8 +35,7 @@ from tealite.backends.triton import gemm as bf16_gemm
 from tealite.backends.triton._io import as_kernel_arg, store_f32
 from tealite.backends.triton._qgemm_mx_acc import VARIANTS
 from tealite.backends.triton._qgemm_operands import _load_codes_f32, _per_element
-from tealite.backends.triton._qgemm_tiles import _mx_tile
-from tealite.backends.triton._tiles import grouped_pid
+from tealite.backends.triton._qgemm_tiles import _mx_tile, _tile_coords
 
 # Stage pass tile: rows x K elements per program (a multiple of the 32-long scale block).
 # Interpreter: small, so CI shapes span several programs along both axes.
@@ -133,19 +132,11 @@ def _fixup_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, fa_ptr, fb_pt
     if tl.load(fa_ptr + N) + tl.load(fb_ptr + M) == 0:  # no flagged row at all: the usual case
         tiles = 0
     for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        pid_m, pid_n = grouped_pid(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        bm = rm % M
-        an = rn % N
-        if I64:
-            bm = bm.to(tl.int64)
-            an = an.to(tl.int64)
-            rm = rm.to(tl.int64)
+        rm, rn, bm, an, n0 = _tile_coords(tile, M, N, I64, BLOCK_M, BLOCK_N, GROUP_M)
         flagged = tl.max(tl.load(fb_ptr + bm), axis=0) + tl.max(tl.load(fa_ptr + an), axis=0)
         if flagged > 0:
-            _mx_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an,
-                     pid_n * BLOCK_N, M, N, K, KS, stride_a, stride_b, stride_sa_row,
+            _mx_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, n0, M, N,
+                     K, KS, stride_a, stride_b, stride_sa_row,
                      stride_sa_k, stride_sb_row, stride_sb_k, stride_om, SCALE_K, E8M0_BIAS,
                      EVEN_LOW, F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS,
                      A_MIN_NORMAL, A_PACKED, A_MAG, A_LO, A_HI, B_TYPED, B_EBITS, B_MBITS,

@@ -12,6 +12,25 @@ from tealite.backends.triton._io import load_f32, store_f32
 from tealite.backends.triton._qgemm_operands import (
     _decode_f32, _load_codes_f32, _load_e2m1_f32, _load_u8, _mx_scaled_loop, _mx_tile_is_fast,
     _times_e8m0_pair)
+from tealite.backends.triton._tiles import grouped_pid
+
+
+@triton.jit
+def _tile_coords(tile, M, N, I64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """(rm, rn, bm, an, n0) of output tile ``tile`` in grouped order: its rows and columns,
+    the rows / columns its loads read (past the edge they re-read valid ones instead of
+    masking the loads; the store is masked), and its first column."""
+    pid_m, pid_n = grouped_pid(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    bm = rm % M
+    an = rn % N
+    if I64:
+        bm = bm.to(tl.int64)
+        an = an.to(tl.int64)
+        rm = rm.to(tl.int64)
+    return rm, rn, bm, an, pid_n * BLOCK_N
 
 
 # ---- per-block partial products: FP8 per-tensor / per-row / block, and MX's exact fallback -----

@@ -63,12 +63,13 @@ from tealite.backends.triton._io import as_kernel_arg
 from tealite.backends.triton._qgemm_operands import (_decode_constants, _fast_byte_range,
                                                      dot_fp8, typed_operands)
 from tealite.backends.triton import _qgemm_mx_staged as mx_staged_path
-from tealite.backends.triton._qgemm_tiles import _blockwise_loop, _epilogue, _mx_tile
+from tealite.backends.triton._qgemm_tiles import (_blockwise_loop, _epilogue, _mx_tile,
+                                                  _tile_coords)
 # VARIANTS: the kernel variants chosen on the host ("mx": "auto", "fold", "acc" or "staged";
 # _qgemm_mx_acc.py says which is which).
 from tealite.backends.triton._qgemm_mx_acc import (VARIANTS, mx_acc_fits, mx_acc_product,
                                                    mx_acc_runs)
-from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig, grouped_pid
+from tealite.backends.triton.gemm import _TENSOR_CORE_U, GemmConfig
 from tealite.formats import get_format
 from tealite.numerics import FP8_CODE_ALIGNMENT
 from tealite.recipe_facts import outside, qgemm_kind
@@ -113,17 +114,7 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
                   GROUP_M: tl.constexpr, MX_ACC: tl.constexpr):
     """out (M, N) = B (M, K) @ A (N, K)^T with scales; K has unit stride in A and B (a packed
     E2M1 operand holds element k in byte k // 2).  ``KS``: MX scale blocks along K."""
-    pid_m, pid_n = grouped_pid(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Rows / columns past the edge re-read valid ones (wrap) instead of masking the loads; the
-    # store is masked.
-    bm = rm % M
-    an = rn % N
-    if I64:
-        bm = bm.to(tl.int64)
-        an = an.to(tl.int64)
-        rm = rm.to(tl.int64)
+    rm, rn, bm, an, n0 = _tile_coords(tl.program_id(0), M, N, I64, BLOCK_M, BLOCK_N, GROUP_M)
     if MX_ACC:
         acc = mx_acc_product(a_ptr, b_ptr, sa_ptr, sb_ptr, an, bm, rn < N, rm < M, K, KS,
                              stride_a, stride_b, stride_sa_row, stride_sa_k, stride_sb_row,
@@ -143,8 +134,8 @@ def _qgemm_kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, M, N, K, KS,
         _epilogue(acc, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, M, N, stride_sa_row,
                   stride_sb_row, stride_om, KIND, HAS_BIAS, BIAS_BF16, OUT_BF16)
     else:
-        _mx_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an,
-                 pid_n * BLOCK_N, M, N, K, KS, stride_a, stride_b, stride_sa_row, stride_sa_k,
+        _mx_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, rm, rn, bm, an, n0, M, N, K,
+                 KS, stride_a, stride_b, stride_sa_row, stride_sa_k,
                  stride_sb_row, stride_sb_k, stride_om, SCALE_K, E8M0_BIAS, EVEN_LOW,
                  F32_OPERANDS, A_TYPED, A_EBITS, A_MBITS, A_BIAS, A_SPECIALS, A_MIN_NORMAL,
                  A_PACKED, A_MAG, A_LO, A_HI, B_TYPED, B_EBITS, B_MBITS, B_BIAS, B_SPECIALS,
