@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import tealite
+from tealite.ops.norms import padded_hidden
 from benchmarks import _cases as C
 from benchmarks.conftest import _bf16_randn, need_aiter
 
@@ -78,7 +79,7 @@ def test_add_rmsnorm_pad(bench, x, weights, copy_reference, backend):
     g, _ = weights
     m, h = x.shape
     res = _bf16_randn((m, h), x.device, 4)
-    h_out = -(-h // ADD_PAD) * ADD_PAD
+    h_out = padded_hidden(h, ADD_PAD)
     bench.run(lambda: tealite.add_rmsnorm_pad(x, g, eps=1e-5, residual=res,
                                               pad_to_multiple=ADD_PAD, backend=backend),
               group="norm", kernel=f"add_rmsnorm_pad (pad to {ADD_PAD})", backend=backend,
@@ -106,7 +107,7 @@ def test_add_rmsnorm_pad_aiter(bench, aiter, x, weights, copy_reference):
     m, h = x.shape
     need_aiter(aiter, "fused_add_rmsnorm_pad")
     res = _bf16_randn((m, h), x.device, 4)
-    h_out = -(-h // ADD_PAD) * ADD_PAD
+    h_out = padded_hidden(h, ADD_PAD)
     bench.run(lambda: aiter.fused_add_rmsnorm_pad(x, g, 1e-5, res, ADD_PAD), group="norm",
               kernel=f"add_rmsnorm_pad (pad to {ADD_PAD})", backend="aiter fused_add_rmsnorm_pad",
               shape=x.shape, dtype=x.dtype, reference=copy_reference, foreign=True,

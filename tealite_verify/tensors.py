@@ -32,6 +32,7 @@ Distributions (``dist["kind"]``):
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10, torch.float64: 52}
@@ -46,6 +47,14 @@ def dtype_of(name: str) -> torch.dtype:
 
 
 _SAMPLE_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def from_bits(arr, dtype: torch.dtype) -> torch.Tensor:
+    """A numpy / ml_dtypes array (a reference's value) as a torch tensor of ``dtype``, bit for
+    bit: through its integer view, since torch has no numpy bfloat16 and the exact tier reads
+    torch bits as signed integers."""
+    arr = np.ascontiguousarray(arr)
+    return torch.from_numpy(arr.view(f"i{arr.dtype.itemsize}").copy()).view(dtype)
 
 
 def sample_dtype(dist: dict) -> torch.dtype:

@@ -18,7 +18,6 @@ Backend vs backend: each side's verdicts under its own mask (``exact-pair`` /
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 import tealite
@@ -27,7 +26,7 @@ from tealite_verify import coverage as cov
 from tealite_verify.references import dropout as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.training import dropout_cases
-from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tensors import dtype_of, from_bits, generate
 from tealite_verify.tiers import statistical
 from tealite_verify.tiers.exact import compare_exact
 from tealite_verify.tiers.metrics import Metrics, Tier, combine_pair, malformed
@@ -69,13 +68,6 @@ def _mask_malformed(mask, shape) -> Metrics | None:
     return None
 
 
-def _as_torch(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """The reference's array as a torch tensor of ``dtype``, bit for bit (bf16 through its
-    16-bit pattern: torch has no numpy bfloat16)."""
-    bits = np.ascontiguousarray(arr).view(f"i{arr.dtype.itemsize}")
-    return torch.from_numpy(bits.copy()).view(dtype)
-
-
 def _scaled_check(name: str, value64, case):
     """The exact verdict of output ``name`` against the rule under the outputs' own mask."""
     def check(outs, numerics=None):
@@ -83,7 +75,7 @@ def _scaled_check(name: str, value64, case):
         if bad is not None:
             return bad
         want = ref.apply_mask(value64, outs["mask"].cpu().numpy(), case["p"], case["dtype"])
-        return compare_exact(outs[name], _as_torch(want, dtype_of(case["dtype"])))
+        return compare_exact(outs[name], from_bits(want, dtype_of(case["dtype"])))
 
     def pair(ox, oy, nx=None, ny=None):
         return combine_pair(check(ox), check(oy), Tier.EXACT_PAIR)

@@ -24,7 +24,7 @@ from tealite_verify.strategies.choices import pick
 from tealite_verify.strategies.dtypes import float_dtypes
 from tealite_verify.strategies.shapes import row_shapes
 from tealite_verify.strategies.values import distributions, seeds
-from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tensors import dtype_of, from_bits, generate
 from tealite_verify.tiers import primitives as fp
 from tealite_verify.tiers import ulp
 from tealite_verify.tiers.exact import compare_exact
@@ -342,12 +342,6 @@ def _hidden_out(case) -> int:
     return padded_hidden(case["shape"][-1], case["pad_to_multiple"])
 
 
-def _as_torch(arr, dtype: torch.dtype) -> torch.Tensor:
-    """A numpy / ml_dtypes array as a torch tensor of ``dtype``, bit for bit."""
-    arr = np.ascontiguousarray(arr)
-    return torch.from_numpy(arr.view(f"i{arr.dtype.itemsize}").copy()).view(dtype)
-
-
 def _pad_expected(r, hidden_out: int, out_dt: torch.dtype) -> Expected:
     nan_rows = np.isnan(r).any(axis=-1, keepdims=True) if r.size else \
         np.zeros((*r.shape[:-1], 1), dtype=bool)
@@ -396,7 +390,7 @@ def add_pad_reference(x, case):
     expected = {"y": Expected(y, out_dt, Tier.ULP, y_bound),
                 "y_pad": _pad_expected(r, _hidden_out(case), out_dt)}
     if res_dt is not None:
-        expected["residual_out"] = Expected(_as_torch(res_out, dtype_of(res_dt)),
+        expected["residual_out"] = Expected(from_bits(res_out, dtype_of(res_dt)),
                                             dtype_of(res_dt), Tier.EXACT)
     return expected
 

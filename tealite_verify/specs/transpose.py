@@ -23,7 +23,7 @@ from tealite_verify.references import transpose as ref
 from tealite_verify.specs import Expected, OpSpec, register
 from tealite_verify.strategies.training import (TRANSPOSE_KINDS, TRANSPOSE_LAYOUTS,
                                                 transpose_cases)
-from tealite_verify.tensors import dtype_of, generate
+from tealite_verify.tensors import dtype_of, from_bits, generate
 from tealite_verify.tiers.metrics import Tier
 
 
@@ -67,9 +67,7 @@ def _exact(a: np.ndarray, dtype: torch.dtype) -> Expected:
     """The exact tier's expected tensor, as a torch tensor of ``dtype``: the tier reads torch
     bits as signed and numpy bits as unsigned integers, so a negative float held in numpy
     would differ from the same torch value."""
-    a = np.ascontiguousarray(a)
-    bits = torch.from_numpy(a.view(f"i{a.dtype.itemsize}").copy())
-    return Expected(bits.view(dtype), dtype, Tier.EXACT)
+    return Expected(from_bits(a, dtype), dtype, Tier.EXACT)
 
 
 def reference(inputs, case):
