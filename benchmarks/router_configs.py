@@ -106,11 +106,13 @@ def _same(got, want) -> bool:
     return all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-def _tiles(cases, flush, copy_gbps, t, e) -> None:
+def _tiles(cases, flush, copy_gbps, t, e, configs=CONFIGS, only=None) -> None:
     for (direction, name), fn in cases.items():
+        if only and name not in only:
+            continue
         nbytes = C.router_bytes(t, e, 2, bwd=direction == "bwd")
         want = fn()
-        for elements, rows, warps in CONFIGS:
+        for elements, rows, warps in configs:
             tile = R.Tile(elements, rows, warps)
             with R.TILES.override(**{direction: tile}):
                 try:
@@ -154,6 +156,10 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--section", choices=("all", "tiles", "variants"), default="all")
+    ap.add_argument("--configs", default=None, metavar="E:R:W,...",
+                    help="tiles: (elements, rows, warps) to sweep instead of CONFIGS")
+    ap.add_argument("--only", default=None, metavar="NAME,...",
+                    help="cases to run (softmax, sigmoid-groups, sigmoid)")
     ap.add_argument("--variant", action="append", default=[], metavar="FIELD=true|false",
                     help="a VARIANTS setting for the whole run (e.g. the tiles under "
                          "distinct_first=true)")
@@ -179,7 +185,10 @@ def _run(args) -> None:
     if args.section in ("all", "variants"):
         _variants(cases, ops, flush, copy_gbps, t, e)
     if args.section in ("all", "tiles"):
-        _tiles(cases, flush, copy_gbps, t, e)
+        configs = CONFIGS if args.configs is None else [
+            tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
+        _tiles(cases, flush, copy_gbps, t, e, configs,
+               None if args.only is None else set(args.only.split(",")))
 
 
 if __name__ == "__main__":

@@ -100,3 +100,32 @@ def test_scales_of_the_next_token_are_caught():
     bad = {c.output for c in report.failures if c.lhs == plugin.NAME and c.rhs == "reference"}
     assert bad == {"scale_inv"}, report.describe()
     assert not [c for c in report.failures if c.lhs == "torch"]
+
+
+@pytest.mark.skipif(_TRITON_WHY is not None, reason=f"triton unavailable: {_TRITON_WHY}")
+@pytest.mark.parametrize("hidden,scale_cols", [(128, 1), (8, 100)], ids=["fused", "split"])
+def test_codes_and_scales_gathered_in_one_launch_or_two(hidden, scale_cols, monkeypatch):
+    """The triton backend moves a quantized tensor's codes and row scales in one launch
+    when a program's scale tile fits (the scale rows ride in column block 0), else in two;
+    either way each output row is its source row's codes and scales, or the fills."""
+    from tealite.backends.triton import permute as P
+    launches = []
+    kernel = P._gather_rows_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+    monkeypatch.setattr(P, "_gather_rows_kernel", Counting())
+    device = P.DEVICES[0]
+    codes = torch.arange(40 * hidden).remainder(251).to(torch.uint8).reshape(40, hidden)
+    scales = torch.arange(40 * scale_cols, dtype=torch.float32).reshape(40, scale_cols) + 2
+    src = torch.tensor([[5], [-1], [39], [0], [-1], [17]], dtype=torch.int32)
+    out, out_scales = P._gather_with_scales(codes.to(device), src.to(device),
+                                            scales.to(device), scale_fill=1.0)
+    assert len(launches) == (1 if scale_cols == 1 else 2)
+    for i, s in enumerate(src[:, 0].tolist()):
+        want_codes = codes[s] if s >= 0 else torch.zeros(hidden, dtype=torch.uint8)
+        want_scales = scales[s] if s >= 0 else torch.ones(scale_cols)
+        assert torch.equal(out[i].cpu(), want_codes) and torch.equal(out_scales[i].cpu(),
+                                                                   want_scales)

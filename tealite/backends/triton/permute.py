@@ -9,7 +9,8 @@ Three kernels:
   costs, so the kernel is bandwidth bound (benchmarks/test_bench_permute.py).
 * ``_gather_rows_kernel`` (sort-chunks, pad, unpad, and unpermute of quantized rows, one
   kept row per token): one program per tile of output rows copies their source rows, or
-  writes the fill pattern where the source is -1.
+  writes the fill pattern where the source is -1; a quantized tensor's row scales move in
+  the same launch (the programs of column block 0 take them).
 * ``_unpermute_kernel``: one program per tile of tokens sums each token's kept slots in slot
   order in fp32 (``acc + x * p``: the compiler may contract it into an FMA, which
   tiers/permute_sum.py's gamma_k covers).  ``_unpermute_bwd_kernel`` (with merging probs; a
@@ -39,6 +40,8 @@ for the map kernels only, while the scatters queued after them keep the device b
 (op-level host cost: docs/benchmarks.md).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -98,20 +101,34 @@ def _scatter_rows_kernel(x_ptr, rows_ptr, out_ptr, N, H, SLOTS, stride_x, stride
 
 
 @triton.jit
-def _gather_rows_kernel(x_ptr, src_ptr, out_ptr, N, H, SLOTS, fill, stride_x, stride_o,
-                        BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-    i, cols, i_ok, c_ok = _tile(tl.program_id(0), tl.program_id(1), N, H, BLOCK_R, BLOCK_H)
-    # Output row i's source: the largest of its SLOTS entries (-1 but at most one: a
-    # quantized unpermute's row-id map row; one entry for every other gather).
-    r = tl.full((BLOCK_R,), -1, tl.int64)
-    for s in range(0, SLOTS):
-        r = tl.maximum(r, tl.load(src_ptr + i * SLOTS + s, mask=i_ok, other=-1).to(tl.int64))
+def _gather_tile(x_ptr, out_ptr, r, i, i_ok, cols, c_ok, fill, stride_x, stride_o):
     m = i_ok[:, None] & c_ok[None, :]
     got = (r >= 0)[:, None]
     v = tl.load(x_ptr + tl.maximum(r, 0)[:, None] * stride_x + cols[None, :], mask=m & got,
                 other=0)
     v = tl.where(got, v, tl.zeros_like(v) + fill)
     tl.store(out_ptr + i[:, None] * stride_o + cols[None, :], v, mask=m)
+
+
+@triton.jit
+def _gather_rows_kernel(x_ptr, src_ptr, out_ptr, N, H, SLOTS, fill, stride_x, stride_o,
+                        y_ptr, out_y_ptr, HY, fill_y, stride_y, stride_oy,
+                        BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, WITH_Y: tl.constexpr,
+                        BLOCK_HY: tl.constexpr):
+    """Gather x's rows; with ``WITH_Y`` the programs of column block 0 also gather the same
+    rows of y (a quantized tensor's row scales: one launch for both, _gather_with_scales)."""
+    i, cols, i_ok, c_ok = _tile(tl.program_id(0), tl.program_id(1), N, H, BLOCK_R, BLOCK_H)
+    # Output row i's source: the largest of its SLOTS entries (-1 but at most one: a
+    # quantized unpermute's row-id map row; one entry for every other gather).
+    r = tl.full((BLOCK_R,), -1, tl.int64)
+    for s in range(0, SLOTS):
+        r = tl.maximum(r, tl.load(src_ptr + i * SLOTS + s, mask=i_ok, other=-1).to(tl.int64))
+    _gather_tile(x_ptr, out_ptr, r, i, i_ok, cols, c_ok, fill, stride_x, stride_o)
+    if WITH_Y:
+        if tl.program_id(1) == 0:
+            cy = tl.arange(0, BLOCK_HY)
+            _gather_tile(y_ptr, out_y_ptr, r, i, i_ok, cy, cy < HY, fill_y, stride_y,
+                         stride_oy)
 
 
 @triton.jit
@@ -305,33 +322,64 @@ def _scatter(x: torch.Tensor | None, rows: torch.Tensor,
     return out
 
 
+@functools.lru_cache(maxsize=64)
 def _fill_bits(dtype: torch.dtype, fill: float) -> int:
+    """The fill value's bit pattern (cached: a host tensor per call cost ~20 us on the H100
+    machine's CPU, two per quantized unpermute)."""
     if dtype == torch.uint8:
         return int(fill)
     return int(_bits(torch.tensor([fill], dtype=dtype))[0])
+
+
+def _rows_2d(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    h = t.shape[1] if t.dim() > 1 else 1
+    return _bits(t.contiguous()).reshape(-1, h), h
 
 
 def _gather(x: torch.Tensor | None, src, fill: float = 0.0):
     """out[i] = x[src[i]], or ``fill`` where src[i] == -1, bit for bit.  ``src``: host ints,
     or a device (n, slots) int tensor whose row i holds output row i's source among -1s (a
     row-id map)."""
+    return _gather_with_scales(x, src, None, fill=fill)[0]
+
+
+def _gather_with_scales(x: torch.Tensor | None, src, scales: torch.Tensor | None,
+                        scale_fill: float = 0.0, fill: float = 0.0):
+    """(_gather(x, src, fill), _gather(scales, src, scale_fill)): a quantized tensor's codes
+    and row scales in one launch where the scale rows fit one column block (a Triton launch
+    cost ~50 us of host time on the H100 machine, more than the kernel at 16384 x 4096)."""
     if x is None:
-        return None
+        return None, None if scales is None else _gather(scales, src, scale_fill)
     n, slots = (len(src), 1) if isinstance(src, list) else tuple(src.shape)
     out = torch.empty((n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     h = x.shape[1] if x.dim() > 1 else 1
+    hy = 0 if scales is None else (scales.shape[1] if scales.dim() > 1 else 1)
+    # one program's scale tile (its BLOCK_R rows) stays within a tile's 4096 elements
+    fused = bool(scales is not None and n and h and slots and 0 < hy
+                 and _blocks(h)[0] * _block(hy) <= 4096)
+    out_y = None
+    if scales is not None and not fused:
+        out_y = _gather(scales, src, scale_fill)
     if n and h and slots:
-        xb = _bits(x.contiguous()).reshape(-1, h)
+        xb, _ = _rows_2d(x)
         ob = _bits(out).reshape(-1, h)
         s = torch.tensor(src, dtype=torch.int64, device=x.device) if isinstance(src, list) \
             else src.contiguous()
+        y_args = (xb, ob, 0, 0, 0, 0)
+        if fused:
+            out_y = torch.empty((n,) + tuple(scales.shape[1:]), dtype=scales.dtype,
+                                device=scales.device)
+            yb, _ = _rows_2d(scales)
+            oyb = _bits(out_y).reshape(-1, hy)
+            y_args = (yb, oyb, hy, _fill_bits(scales.dtype, scale_fill), yb.stride(0),
+                      oyb.stride(0))
         br, bh = _blocks(h)
-        grid = (_cdiv(n, br), _cdiv(h, bh))
-        _gather_rows_kernel[grid](xb, s, ob, n, h, slots, _fill_bits(x.dtype, fill),
-                                  xb.stride(0), ob.stride(0), BLOCK_R=br, BLOCK_H=bh)
+        _gather_rows_kernel[(_cdiv(n, br), _cdiv(h, bh))](
+            xb, s, ob, n, h, slots, _fill_bits(x.dtype, fill), xb.stride(0), ob.stride(0),
+            *y_args, BLOCK_R=br, BLOCK_H=bh, WITH_Y=fused, BLOCK_HY=_block(hy))
     elif n and h:  # no slots: every row is a fill row
         _bits(out).fill_(_fill_bits(x.dtype, fill))
-    return out
+    return out, out_y
 
 
 def _kept(counts: torch.Tensor | None, copy: HostCopy | None, map_type, num_experts: int,
@@ -374,8 +422,7 @@ def _is_bf16(t) -> bool:
 @BACKEND.implements(Op.MOE_UNPERMUTE, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 def moe_unpermute(permuted, row_id_map, *, merging_probs, scale_inv, scale_fill):
     if permuted.dtype not in FLOATS:  # codes (with row scales): moved, never summed
-        rows = row_id_map.rows
-        return _gather(permuted, rows), _gather(scale_inv, rows, scale_fill)
+        return _gather_with_scales(permuted, row_id_map.rows, scale_inv, scale_fill)
     n, h = row_id_map.num_tokens, permuted.shape[1]
     out = torch.empty((n, h), dtype=permuted.dtype, device=permuted.device)
     if n and h:
@@ -418,16 +465,17 @@ def moe_unpermute_bwd(grad_out, row_id_map, *, permuted, merging_probs):
 def moe_sort_chunks(x, *, split_sizes, sorted_index, probs, scale_inv):
     src = chunk_source_rows(split_sizes, sorted_index)
     probs_out = None if probs is None else _gather(probs.reshape(-1, 1), src).reshape(-1)
-    return _gather(x, src), probs_out, _gather(scale_inv, src)
+    out, scales_out = _gather_with_scales(x, src, scale_inv)
+    return out, probs_out, scales_out
 
 
 @BACKEND.implements(Op.MOE_PAD_ROWS, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 def moe_pad_rows(x, *, splits, align, scale_inv, scale_fill):
     src = pad_source_rows(splits, align)
-    return _gather(x, src), _gather(scale_inv, src, scale_fill)
+    return _gather_with_scales(x, src, scale_inv, scale_fill)
 
 
 @BACKEND.implements(Op.MOE_UNPAD_ROWS, dtypes=MOVABLE, devices=DEVICES, numerics=_NUMERICS)
 def moe_unpad_rows(x, *, splits, align, scale_inv):
     src = unpad_source_rows(splits, align)
-    return _gather(x, src), _gather(scale_inv, src)
+    return _gather_with_scales(x, src, scale_inv)

@@ -26,8 +26,9 @@ regime) pack the column into the 13 low bits a widened 16-bit float leaves zero:
 max per pass.  Before 2026-11-27 the top-k took one expert per pass over boolean tiles (832
 SASS instructions per pass at 16 x 256 on sm_90; now 209, packed 98) at 5-11 % of copy
 bandwidth on an H100.  Divisions whose quotient is masked out divide 1, not 0 (_FAST_PATH).
-``VARIANTS.distinct_first`` (not the default until timed): passes without counts, a block
-with a tie among a row's k largest falling back to the counting passes (_select_distinct).
+``VARIANTS.distinct_first`` (the default since 2026-11-28: sigmoid with groups 24.9 -> 30.4 %
+of copy on an H100, same bits): passes without counts, a block with a tie among a row's k
+largest falling back to the counting passes (_select_distinct).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
 exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
@@ -103,10 +104,11 @@ class RouterVariants:
     map gets the same error either way.  ``distinct_first``: the forward's top-k over float
     scores (all but the packed keys) tries ``_select_distinct`` first; sm_90 SASS, sigmoid
     with groups and a bias, 8 x 256 per program: ~1900 instructions per thread instead of
-    ~2700.  Not yet timed on a GPU, so not the default."""
+    ~2700.  H100, kernel alone at 16384 x 256 (benchmarks/router_configs.py, 2026-11-28):
+    sigmoid with groups 33.3 -> 27.4 us (24.9 -> 30.4 % of copy), the same bits."""
 
     map_check_in_kernel: bool = True
-    distinct_first: bool = False
+    distinct_first: bool = True
 
 
 VARIANTS: Scoped[RouterVariants] = Scoped("triton.router.VARIANTS", RouterVariants)
