@@ -22,13 +22,19 @@ count along the row).  A group's score adds its ``topk // group_topk`` best, lar
 into 0, as taking them one at a time does; the groups are a (groups, slot) view of the row
 (gathered into padded slots when the group size is not a power of two; with two per group,
 one (largest, second) reduction).  16-bit logits with the softmax after the top-k (TE's bf16
-regime) pack the column into the 13 low bits a widened 16-bit float leaves zero: one integer
-max per pass.  Before 2026-11-27 the top-k took one expert per pass over boolean tiles (832
-SASS instructions per pass at 16 x 256 on sm_90; now 209, packed 98) at 5-11 % of copy
-bandwidth on an H100.  Divisions whose quotient is masked out divide 1, not 0 (_FAST_PATH).
-``VARIANTS.distinct_first`` (the default since 2026-11-28: sigmoid with groups 24.9 -> 30.4 %
-of copy on an H100, same bits): passes without counts, a block with a tie among a row's k
-largest falling back to the counting passes (_select_distinct).
+regime) pack the column into the 13 low bits a widened 16-bit float leaves zero, so every
+key is distinct: the k-th largest key comes from k - 1 passes of "the largest key below the
+last one" (_next_below: an add and an unsigned minimum per entry, nothing knocked out), and
+the first pass's key is also the softmax's maximum.  Before 2026-11-27 the top-k took one
+expert per pass over boolean tiles (832 SASS instructions per pass at 16 x 256 on sm_90;
+counting passes 209, packed passes 98 until 2026-11-28, now 73; 35 at the default 8 x 256).
+H100, kernel alone at 16384 x 256 bf16 top-8 (benchmarks/router_configs.py): 5-11 % of copy
+with the old loop, 40-42 % with the knock-out passes, 57.0 % now (14.6 us).  Divisions whose
+quotient is masked out divide 1, not 0 (_FAST_PATH).  ``VARIANTS.distinct_first`` (the
+default since 2026-11-28: sigmoid with groups 25 -> 35 % of copy on an H100 with the
+_next_below passes, same bits): float scores as order-preserving integer keys, passes
+without counts, a block with a tie among a row's k largest falling back to the counting
+passes (_select_distinct).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
 exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
@@ -76,6 +82,9 @@ class Tile:
     # bits for every shape; docs/benchmarks/2026-11-27-h100-router-configs.txt): 2048 x 8
     # rows x 4 warps is the fastest or within 3 % of it in all four rows (fwd softmax 40.6 %
     # of copy, sigmoid-groups 26.8 %, bwd 86.1 / 82.5 %; 4096 x 16 x 4: 32.8 / 26.1 / 62 / 62).
+    # Swept again 2026-11-28 (docs/benchmarks/2026-11-28-s8/): 1024 x 8 x 2 within 2-7 %
+    # either way, and no gain from register caps (maxnreg 40-72) or from programs that walk
+    # several blocks (the compiler does not pipeline these loads).
     elements: int = 2048
     rows: int = 8
     warps: int = 4
@@ -105,7 +114,8 @@ class RouterVariants:
     scores (all but the packed keys) tries ``_select_distinct`` first; sm_90 SASS, sigmoid
     with groups and a bias, 8 x 256 per program: ~1900 instructions per thread instead of
     ~2700.  H100, kernel alone at 16384 x 256 (benchmarks/router_configs.py, 2026-11-28):
-    sigmoid with groups 33.3 -> 27.4 us (24.9 -> 30.4 % of copy), the same bits."""
+    sigmoid with groups 33.3 -> 27.4 us (24.9 -> 30.4 % of copy), the same bits; with the
+    _next_below passes 23.5 us (35.3 %) against 30.9 us without distinct_first."""
 
     map_check_in_kernel: bool = True
     distinct_first: bool = True
@@ -145,8 +155,16 @@ def _kind(config: RouterConfig) -> int:
 def _row_softmax(x, keep):
     """Softmax over ``keep`` along axis 1 (0 elsewhere), IEEE division."""
     xs = tl.where(keep, x, float("-inf"))
-    m = tl.max(xs, axis=1)
+    return _row_softmax_from(x, keep, tl.max(xs, axis=1))
+
+
+@triton.jit
+def _row_softmax_from(x, keep, m):
+    """_row_softmax given the row maxima ``m`` over ``keep`` (any value where nothing is
+    kept; -inf, a row of -inf, counts as 0).  A zero's sign does not matter: x - (+0) and
+    x - (-0) differ only for x = -0, where both exponentials are 1."""
     m = tl.where(m == float("-inf"), 0.0, m)
+    xs = tl.where(keep, x, float("-inf"))
     e = tl.where(keep, tl.exp(xs - m[:, None]), 0.0)
     total = tl.sum(e, axis=1)
     # Outside ``keep`` the quotient is discarded: 1, not 0, goes in (see _FAST_PATH).
@@ -197,29 +215,44 @@ def _select(r, eligible, k, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _ordered(x):
+    """fp32 -> int32 with the same order (-0 and +0 one key, every NaN above +inf)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+
+
+@triton.jit
+def _next_below(key, prev, AXIS: tl.constexpr):
+    """Along ``AXIS``: the largest entry of ``key`` below ``prev`` (int32; -2^31 where there is
+    none).  ``prev - 1 - key`` read as unsigned is smallest for it: entries at or above
+    ``prev`` wrap to values above every candidate's, because the keys span less than 2^32.
+    One add and a third of a three-input minimum per entry, where a knock-out of the taken
+    entries and a maximum took a compare, a select and a maximum (sm_90 SASS)."""
+    p = tl.expand_dims(prev, AXIS)
+    gap = (p - 1 - key).to(tl.uint32, bitcast=True)
+    nxt = prev - 1 - tl.min(gap, axis=AXIS).to(tl.int32, bitcast=True)
+    return tl.where(prev == -2147483648, prev, nxt)
+
+
+@triton.jit
 def _select_distinct(r, eligible, k, AXIS: tl.constexpr):
     """``_select`` without counts or ranks where a row's ``k`` largest eligible scores are
-    distinct (random fp32 scores: almost every row): ``k - 1`` passes of a max and a knock-out
-    of the entries equal to it, then a max, give the k-th distinct value T; when exactly
-    ``k`` entries are >= T (so each pass took one) the chosen are the eligible ``r >= T``,
-    which is what ``_select`` picks then (one tie at T, rank 1).  A block with any other row
-    runs ``_select`` itself.  Per pass a max and a compare-select per entry (58 sm_90
-    instructions at 8 x 256): the counts, their bit-packed booleans and the rank scan made
-    ``_select``'s pass 152."""
-    w0 = tl.where(eligible & (r == r), r, float("-inf"))
-    w = w0
-    for _ in range(1, k):  # knock out the k - 1 largest distinct values
-        w = tl.where(w == tl.expand_dims(tl.max(w, axis=AXIS), AXIS), float("-inf"), w)
-    m = tl.max(w, axis=AXIS)
-    at = tl.expand_dims(m, AXIS)
-    n = tl.sum((w0 >= at).to(tl.int32), axis=AXIS)
-    chosen = eligible & (r >= at)
-    if tl.max(((n != k) | (m == float("-inf"))).to(tl.int32), axis=0) != 0:
+    distinct (random fp32 scores: almost every row): the k-th largest distinct value T, by
+    ``k - 1`` passes of _next_below over order-preserving integer keys; when exactly ``k``
+    entries are >= T (so each pass took one) the chosen are the eligible ``r >= T``, which is
+    what ``_select`` picks then (one tie at T, rank 1).  A block with any other row runs
+    ``_select`` itself.  (Before 2026-11-28 each pass knocked the maximum's entries out to
+    -inf: a maximum, a compare and a select per entry.)"""
+    ok = eligible & (r == r)
+    key = tl.where(ok, _ordered(r), -2147483648)
+    t = tl.max(key, axis=AXIS)
+    for _ in range(1, k):
+        t = _next_below(key, t, AXIS)
+    n = tl.sum((key >= tl.expand_dims(t, AXIS)).to(tl.int32), axis=AXIS)
+    chosen = ok & (key >= tl.expand_dims(t, AXIS))
+    if tl.max(((n != k) | (t == -2147483648)).to(tl.int32), axis=0) != 0:
         chosen = _select(r, eligible, k, AXIS)
     return chosen
-
-
-_TAKEN = tl.constexpr(-2147483647)  # a packed key already chosen (every real key is larger)
 
 
 @triton.jit
@@ -227,16 +260,22 @@ def _select_packed(x, eligible, cols, k):
     """``_select`` for scores that are 16-bit floats widened to fp32 (their low 13 bits are
     zero; experts <= 8192): the order-preserving integer of the score with ``8191 - column``
     in those bits is one distinct key per expert, ordered as (score, lowest index first), so
-    each pass is one integer max and one knock-out, with no counts and no rank among ties
-    (TE's regime: bf16 logits, softmax after the top-k)."""
-    bits = x.to(tl.int32, bitcast=True)
-    ordered = tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))  # -0 ties +0
+    the k-th largest key T comes from ``k - 1`` passes of _next_below and the chosen are the
+    keys >= T, with no counts and no rank among ties (TE's regime: bf16 logits, softmax after
+    the top-k).  Also returns the largest chosen score (0 where none): the softmax's maximum,
+    read off the first pass's key instead of another reduction."""
     ok = eligible & (x == x)
-    key = tl.where(ok, (ordered & -8192) | (8191 - cols)[None, :], -2147483648)
-    for _ in range(0, k):
-        m = tl.max(key, axis=1)
-        key = tl.where(key == m[:, None], _TAKEN, key)
-    return ok & (key == _TAKEN)
+    key = tl.where(ok, (_ordered(x) & -8192) | (8191 - cols)[None, :], -2147483648)
+    top = tl.max(key, axis=1)
+    t = top
+    for _ in range(1, k):
+        t = _next_below(key, t, 1)
+    # the first key's score: undo _ordered on the bits above the column's (a widened 16-bit
+    # float's low 13 bits are zero)
+    bits = top & -8192
+    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits) & -8192
+    top_score = tl.where(top == -2147483648, 0.0, bits.to(tl.float32, bitcast=True))
+    return ok & (key >= t[:, None]), top_score
 
 
 @triton.jit
@@ -351,14 +390,17 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
     if GROUPED:
         eligible = _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
                              BT, BE, BG, BGS, PADDED, TOP_TWO)
+    top = tl.zeros((BT,), tl.float32)
     if PACKED:
-        chosen = _select_packed(route, eligible, cols, topk)
+        chosen, top = _select_packed(route, eligible, cols, topk)
     elif DISTINCT:
         chosen = _select_distinct(route, eligible, topk, 1)
     else:
         chosen = _select(route, eligible, topk, 1)
     if AUX:
         w = s
+    elif KIND == 0 and PACKED:
+        w = _row_softmax_from(x, chosen, top)
     elif KIND == 0:
         w = _row_softmax(x, chosen)
     elif KIND == 2 and NORMALISE:
