@@ -138,11 +138,12 @@ CASES = [_case(), _case(pad=0, residual_dtype=None), _case(eps=1e-3, dist=SMALL,
 
 @pytest.mark.parametrize("backend", ["triton", "aiter_triton"])
 @pytest.mark.parametrize("case", CASES, ids=range(len(CASES)))
-def test_kernels_pass_the_cases(backend, case):
+def test_kernels_pass_the_cases(backend, case, triton_device):
     b = registry.get_backend(backend)
     if b.unavailable_reason() is not None:
         pytest.skip(f"{backend}: {b.unavailable_reason()}")
-    report = run_case(SPEC, case, backends=[backend, "torch"], device="cpu")
+    # the kernels' device: the interpreter's CPU, or the GPU they compiled for
+    report = run_case(SPEC, case, backends=[backend, "torch"], device=triton_device)
     assert report.outcomes[backend].status == "ok", report.describe()
     assert report.verdict == "pass", report.describe()
 

@@ -36,8 +36,8 @@ def _cid(case) -> str:
 
 @pytest.mark.skipif(_TRITON_WHY is not None, reason=f"triton unavailable: {_TRITON_WHY}")
 @pytest.mark.parametrize("case", _UNPERMUTE_QUANT_SMOKE, ids=_cid)
-def test_codes_and_scales_move_exactly(case):
-    report = run_case(SPEC, case, backends=BACKENDS)
+def test_codes_and_scales_move_exactly(case, triton_device):
+    report = run_case(SPEC, case, backends=BACKENDS, device=triton_device)
     assert report.verdict == "pass", report.describe()
     for b in BACKENDS:
         assert report.outcomes[b].status == "ok", report.describe()
@@ -45,18 +45,20 @@ def test_codes_and_scales_move_exactly(case):
     assert "data" in judged and ("scale_inv" in judged or case["quant"] == "tensor")
 
 
-def _quantized(rows: int, hidden: int = 128) -> QuantizedTensor:
+def _quantized(rows: int, hidden: int = 128, device="cpu") -> QuantizedTensor:
     codes = torch.arange(rows * hidden, dtype=torch.int64).remainder(120).to(torch.uint8) \
-        .view(torch.float8_e4m3fn).reshape(rows, hidden)
-    scales = torch.exp2(torch.arange(rows, dtype=torch.float32)).reshape(rows, 1)
+        .view(torch.float8_e4m3fn).reshape(rows, hidden).to(device)
+    scales = torch.exp2(torch.arange(rows, dtype=torch.float32)).reshape(rows, 1).to(device)
     return QuantizedTensor(R.Float8BlockScaling(fmt="e4m3"), (rows, hidden), data=codes,
                            scale_inv=scales)
 
 
 @pytest.mark.parametrize("backend", ["torch", TRITON])
 def test_tokens_without_a_row_get_a_zero_row(backend):
-    rows = torch.tensor([[-1, 1], [0, -1], [-1, -1]], dtype=torch.int32)  # a mask map, top-1
-    q = _quantized(2)
+    from tealite.backends.triton import DEVICES
+    device = DEVICES[0] if backend == "triton" else "cpu"  # compiled kernels take GPU tensors
+    rows = torch.tensor([[-1, 1], [0, -1], [-1, -1]], dtype=torch.int32, device=device)
+    q = _quantized(2, device=device)  # a mask map, top-1
     out = tealite.moe_unpermute(q, RowIdMap(rows, MapType.MASK, 2, 2, (1, 1)), backend=backend)
     assert isinstance(out, QuantizedTensor) and out.shape == (3, 128) and out.amax is None
     bits, src = out.data.view(torch.uint8), q.data.view(torch.uint8)
