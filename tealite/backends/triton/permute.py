@@ -313,7 +313,7 @@ def _scatter(x: torch.Tensor | None, rows: torch.Tensor,
     out = torch.empty((num_out,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     n, h = x.shape[0], x.shape[1] if x.dim() > 1 else 1
     if n and h and num_out:
-        xb = _bits(x.contiguous()).reshape(n, h)
+        xb = _rows_2d(x)
         ob = _bits(out).reshape(-1, h)
         br, bh = _blocks(h)
         grid = (_cdiv(n, br), _cdiv(h, bh))
@@ -331,9 +331,9 @@ def _fill_bits(dtype: torch.dtype, fill: float) -> int:
     return int(_bits(torch.tensor([fill], dtype=dtype))[0])
 
 
-def _rows_2d(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    h = t.shape[1] if t.dim() > 1 else 1
-    return _bits(t.contiguous()).reshape(-1, h), h
+def _rows_2d(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s rows as a 2-D same-width integer view (a 1-D tensor: one column)."""
+    return _bits(t.contiguous()).reshape(t.shape[0], t.shape[1] if t.dim() > 1 else 1)
 
 
 def _gather(x: torch.Tensor | None, src, fill: float = 0.0):
@@ -361,7 +361,7 @@ def _gather_with_scales(x: torch.Tensor | None, src, scales: torch.Tensor | None
     if scales is not None and not fused:
         out_y = _gather(scales, src, scale_fill)
     if n and h and slots:
-        xb, _ = _rows_2d(x)
+        xb = _rows_2d(x)
         ob = _bits(out).reshape(-1, h)
         s = torch.tensor(src, dtype=torch.int64, device=x.device) if isinstance(src, list) \
             else src.contiguous()
@@ -369,7 +369,7 @@ def _gather_with_scales(x: torch.Tensor | None, src, scales: torch.Tensor | None
         if fused:
             out_y = torch.empty((n,) + tuple(scales.shape[1:]), dtype=scales.dtype,
                                 device=scales.device)
-            yb, _ = _rows_2d(scales)
+            yb = _rows_2d(scales)
             oyb = _bits(out_y).reshape(-1, hy)
             y_args = (yb, oyb, hy, _fill_bits(scales.dtype, scale_fill), yb.stride(0),
                       oyb.stride(0))

@@ -155,16 +155,15 @@ def _kind(config: RouterConfig) -> int:
 def _row_softmax(x, keep):
     """Softmax over ``keep`` along axis 1 (0 elsewhere), IEEE division."""
     xs = tl.where(keep, x, float("-inf"))
-    return _row_softmax_from(x, keep, tl.max(xs, axis=1))
+    return _row_softmax_from(xs, keep, tl.max(xs, axis=1))
 
 
 @triton.jit
-def _row_softmax_from(x, keep, m):
-    """_row_softmax given the row maxima ``m`` over ``keep`` (any value where nothing is
-    kept; -inf, a row of -inf, counts as 0).  A zero's sign does not matter: x - (+0) and
-    x - (-0) differ only for x = -0, where both exponentials are 1."""
+def _row_softmax_from(xs, keep, m):
+    """_row_softmax of ``xs`` (x where ``keep``, -inf elsewhere) given its row maxima ``m``
+    (-inf, a row of -inf or nothing kept, counts as 0).  A zero's sign does not matter:
+    x - (+0) and x - (-0) differ only for x = -0, where both exponentials are 1."""
     m = tl.where(m == float("-inf"), 0.0, m)
-    xs = tl.where(keep, x, float("-inf"))
     e = tl.where(keep, tl.exp(xs - m[:, None]), 0.0)
     total = tl.sum(e, axis=1)
     # Outside ``keep`` the quotient is discarded: 1, not 0, goes in (see _FAST_PATH).
@@ -248,8 +247,9 @@ def _select_distinct(r, eligible, k, AXIS: tl.constexpr):
     t = tl.max(key, axis=AXIS)
     for _ in range(1, k):
         t = _next_below(key, t, AXIS)
-    n = tl.sum((key >= tl.expand_dims(t, AXIS)).to(tl.int32), axis=AXIS)
-    chosen = ok & (key >= tl.expand_dims(t, AXIS))
+    at_least = key >= tl.expand_dims(t, AXIS)  # ineligible keys (-2^31) only if t is: fallback
+    n = tl.sum(at_least.to(tl.int32), axis=AXIS)
+    chosen = ok & at_least
     if tl.max(((n != k) | (t == -2147483648)).to(tl.int32), axis=0) != 0:
         chosen = _select(r, eligible, k, AXIS)
     return chosen
@@ -400,7 +400,7 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
     if AUX:
         w = s
     elif KIND == 0 and PACKED:
-        w = _row_softmax_from(x, chosen, top)
+        w = _row_softmax_from(tl.where(chosen, x, float("-inf")), chosen, top)
     elif KIND == 0:
         w = _row_softmax(x, chosen)
     elif KIND == 2 and NORMALISE:
