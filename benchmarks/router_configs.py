@@ -13,7 +13,8 @@ config's bits (a config that does not is not a drop-in default: see ``Tile``).
 
 ``--section variants`` (~1 minute on an H100; ``tiles`` the program shapes, ``all`` both):
 each of ``VARIANTS``' settings (tealite/backends/triton/router.py: the forward's
-``distinct_first``, the backward's ``map_check_in_kernel``) at the default tile: kernel alone
+``distinct_first`` and ``fast_sigmoid``, the backward's ``map_check_in_kernel``), one at a
+time, the others at their defaults, at the default tile: kernel alone
 as above (the map check's flag fill and kernel included: while a graph is captured the flag
 is set, not read), op level (the public ``tealite.router_fwd`` / ``router_bwd`` with
 ``backend="triton"``, device events around each call after an L2 flush, no host sync between
@@ -48,8 +49,9 @@ CONFIGS = [(4096, 16, 4), (2048, 8, 4), (2048, 8, 2), (1024, 4, 1), (2048, 8, 1)
            (4096, 16, 2), (4096, 16, 8), (8192, 32, 4), (8192, 32, 8), (16384, 64, 8)]
 CALLS = 20  # calls per graph replay
 OP_REPS = 100  # op-level repetitions (device events)
-# (direction, the VARIANTS field that direction reads); the default setting comes first.
-VARIANT_FIELDS = {"fwd": "distinct_first", "bwd": "map_check_in_kernel"}
+# direction -> the VARIANTS fields that direction reads; each is swept with the others at their
+# defaults, the default setting first.
+VARIANT_FIELDS = {"fwd": ("distinct_first", "fast_sigmoid"), "bwd": ("map_check_in_kernel",)}
 
 
 def _graph_ms(fn, flush) -> float:
@@ -130,10 +132,10 @@ def _variants(cases, ops, flush, copy_gbps, t, e, device=torch.device("cuda")) -
     for (direction, name), fn in cases.items():
         nbytes = C.router_bytes(t, e, 2, bwd=direction == "bwd")
         op = ops[(direction, name)]
-        field = VARIANT_FIELDS[direction]
-        default = getattr(R.VARIANTS.get(), field)
         want = op()
-        for value in (default, not default):
+        for field, value in ((f, v) for f in VARIANT_FIELDS[direction]
+                             for v in (getattr(R.VARIANTS.get(), f),
+                                       not getattr(R.VARIANTS.get(), f))):
             with R.VARIANTS.override(**{field: value}):
                 try:
                     same = _same(op(), want)

@@ -44,12 +44,17 @@ CASES = {
     "sigmoid-groups-distinct": ({}, dict(KIND=2, HAS_BIAS=True, GROUPED=True, NORMALISE=True,
                                          BG=8, BGS=32, PACKED=False, TOP_TWO=True,
                                          DISTINCT=True)),
+    # VARIANTS.fast_sigmoid on CUDA: _sigmoid_choice_fast with its inline PTX, and the exact
+    # path as its fallback in the same build.
+    "sigmoid-groups-fast": ({}, dict(KIND=2, HAS_BIAS=True, GROUPED=True, NORMALISE=True,
+                                     BG=8, BGS=32, PACKED=False, TOP_TWO=True, DISTINCT=True,
+                                     FAST=True, ASM=True)),
 }
 out = {}
 for name, (args, const) in CASES.items():
     args = {**ARGS, **args}
     const = {"AUX": False, "IS_BF16": True, "BT": 16, "BE": 256, "PADDED": False,
-             "DISTINCT": False, **const}
+             "DISTINCT": False, "FAST": False, "ASM": False, **const}
     sig, attrs = {}, {}
     for i, arg in enumerate(R._router_fwd_kernel.arg_names):
         v = const.get(arg, args.get(arg))
@@ -84,7 +89,7 @@ def sass():
 
 
 @pytest.mark.parametrize("config", ["softmax", "sigmoid-groups", "sigmoid-groups-padded",
-                                    "sigmoid-groups-distinct"])
+                                    "sigmoid-groups-distinct", "sigmoid-groups-fast"])
 def test_router_fwd_builds_for_sm90_without_spills(sass, config):
     """Also the padded group layout, which once used ``tl.gather``: Triton 3.6's sm_90
     compiler aborted on it (an assertion in OptimizeThreadLocality, seen on an H100) where
@@ -116,3 +121,41 @@ def test_the_default_tiles_are_the_measured_ones():
     until a sweep (benchmarks/router_configs.py) shows a faster one with the same bits."""
     assert R.TILES.get() == R.RouterTiles(R.Tile(2048, 8, 4), R.Tile(2048, 8, 4))
     assert R._blocks(16384, 256, R.TILES.get().fwd) == (8, 256, 2048)
+
+
+_FAST_BUILDS = """
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tealite.backends.triton import router as R
+ARGS = dict(x_ptr="*i16", bias_ptr="*fp32", probs_ptr="*i16", map_ptr="*i8", scale="fp32")
+CONST = dict(tokens=16384, experts=256, topk=8, num_groups=8, group_topk=4, per_group=2,
+             group_size=32, KIND=2, HAS_BIAS=True, GROUPED=True, NORMALISE=True, AUX=False,
+             IS_BF16=True, BT=8, BE=256, BG=8, BGS=32, PADDED=False, PACKED=False,
+             TOP_TWO=True, DISTINCT=True, FAST=True)
+out = {}
+for target, asm, cuda_asm in ((("cuda", 90, 32), "ptx", True), (("hip", "gfx942", 64), "amdgcn", False)):
+    const = dict(CONST, ASM=cuda_asm)
+    sig = {a: ARGS.get(a, "constexpr") for a in R._router_fwd_kernel.arg_names}
+    k = triton.compile(ASTSource(R._router_fwd_kernel, sig, const), target=GPUTarget(*target),
+                       options={"num_warps": 4})
+    code = k.asm[asm]
+    out[target[0]] = {p: len(re.findall(p, code)) for p in
+                      (r"rcp\\.approx\\.ftz\\.f32", r"ex2\\.approx\\.ftz\\.f32", r"div\\.rn\\.f32",
+                       r"v_div_fixup_f32")}
+json.dump(out, sys.stdout)
+"""
+
+
+def test_the_fast_sigmoid_path_builds_for_cuda_and_rocm():
+    """VARIANTS.fast_sigmoid's build (sigmoid with groups, as the H100 / H200 rows): on sm_90
+    the inline PTX reciprocal and exp2 of _FAST_SIGMOID (16 of each per thread) beside the
+    exact path's div.rn for the blocks it sends back; for gfx942 (ASM off: a ROCm build of
+    torch) no PTX, the IEEE divisions of both paths."""
+    ops = compiled_json(_FAST_BUILDS)
+    assert ops["cuda"][r"rcp\.approx\.ftz\.f32"] >= 16, ops
+    assert ops["cuda"][r"ex2\.approx\.ftz\.f32"] >= 16, ops
+    assert ops["cuda"][r"div\.rn\.f32"] >= 16, ops
+    assert ops["hip"][r"v_div_fixup_f32"] >= 32, ops
+    assert ops["hip"][r"rcp\.approx\.ftz\.f32"] == 0, ops

@@ -11,6 +11,7 @@ import torch
 
 import tealite
 from tealite.backends.triton import router as R
+from tealite.ops.router import router_config
 from tealite.router_checks import COUNTS_THE_MAP
 
 
@@ -108,6 +109,65 @@ def test_distinct_first_gives_the_default_bits(triton_device, kw, dtype, seed):
                                b.view(torch.uint8) if b.dtype != torch.bool else b)
 
 
+def _fast_case(seed, hazard):
+    """27 tokens x 64 experts (8 per program: blocks 0-2 full, block 3 the tail) for
+    _sigmoid_choice_fast, one hazard planted in block 1 (rows 8-15); blocks 0 and 2 stay
+    clean so that both the fast path and its fallback give bits here."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(27, 64, generator=g)
+    bias = torch.randn(64, generator=g) * 0.1
+    if hazard == "below-safe-x":  # a sigmoid whose division FCHK would divert
+        x[9, 5] = -70.0
+    elif hazard == "nan":
+        x[12, 40] = float("nan")
+    elif hazard == "-inf":
+        x[8, :3] = float("-inf")
+    elif hazard == "expert-tie":  # equal scores among a row's best
+        x[10, 7] = x[10, 9] = 6.0
+        bias[7] = bias[9] = 0.0
+    elif hazard == "group-tie":  # 8 groups of 8: groups 3 and 4 tie for the 4th best
+        # group scores (their two best, exact in fp32): groups 0-2 about 1.99, 3 and 4 both
+        # 0.75 + 0.25 = 0.625 + 0.375 = 1, the rest below 0.1; lowest index first keeps
+        # group 3, whose 0.25 is the 8th expert; taking group 4 too would make it 0.625
+        bias *= 0.01
+        x[11] = -5.0
+        x[11, [0, 1, 8, 9, 16, 17]] = torch.tensor([6.0, 6.5, 7.0, 7.5, 8.0, 8.5])
+        bias[[0, 1, 8, 9, 16, 17]] = 0.0
+        x[11, [24, 25, 32, 33]] = 0.0  # sigmoid(0) = 0.5 exactly
+        bias[[24, 25, 32, 33]] = torch.tensor([0.25, -0.25, 0.125, -0.125])
+    return x, bias
+
+
+@pytest.mark.parametrize("hazard", ["none", "below-safe-x", "nan", "-inf", "expert-tie",
+                                    "group-tie", "nan-bias", "inf-bias"])
+@pytest.mark.parametrize("groups", [None, 8], ids=["plain", "8-groups"])
+def test_fast_sigmoid_gives_the_exact_paths_bits(triton_device, hazard, groups):
+    """VARIANTS.fast_sigmoid (_sigmoid_choice_fast, its unsure rows sending the block to the
+    exact path) against the exact path alone: the same probs and map, with every hazard the
+    fast path must flag planted in one block (on a GPU it also checks the inline-PTX
+    division; in the interpreter the control flow and the flags)."""
+    x, bias = _fast_case(0, hazard)
+    if hazard == "nan-bias":
+        bias[33] = float("nan")
+    elif hazard == "inf-bias":
+        bias[20] = float("inf")
+    kw = dict(score_function="sigmoid", expert_bias=bias.to(triton_device))
+    if groups:
+        kw.update(num_groups=groups, group_topk=4)
+    config = router_config(8, 64, score_function="sigmoid", num_groups=groups,
+                             group_topk=4 if groups else None)
+    assert R._fwd_options(64, config, False, True, x.dtype, R.Tile(), R.VARIANTS.get(),
+                          False)[1]["FAST"]
+    for dtype in (torch.float32, torch.bfloat16):
+        call = lambda: tealite.router_fwd(x.to(dtype).to(triton_device), 8,  # noqa: E731
+                                          backend="triton", **kw)
+        with R.VARIANTS.override(fast_sigmoid=False):
+            want = call()
+        got = call()
+        assert torch.equal(got[1], want[1])
+        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+
+
 def test_the_variant_sweep_runs_every_variant(triton_device, monkeypatch, capsys):
     """benchmarks/router_configs.py --section variants, on a tiny shape (graph timing
     replaced: no GPU here): a row per variant and direction, each with the default's bits."""
@@ -125,10 +185,10 @@ def test_the_variant_sweep_runs_every_variant(triton_device, monkeypatch, capsys
     sweep._variants(cases, ops, L2Flusher(torch.device(triton_device)), 1.0, 9, 64,
                     torch.device(triton_device))
     rows = capsys.readouterr().out.splitlines()
-    assert len(rows) == 8 and all(r.endswith("same bits: True") for r in rows), rows
+    assert len(rows) == 12 and all(r.endswith("same bits: True") for r in rows), rows
     assert {r.split(":")[0].split()[-1] for r in rows} == {
-        "distinct_first=False", "distinct_first=True", "map_check_in_kernel=True",
-        "map_check_in_kernel=False"}
+        "distinct_first=False", "distinct_first=True", "fast_sigmoid=True",
+        "fast_sigmoid=False", "map_check_in_kernel=True", "map_check_in_kernel=False"}
 
 
 def _reads_and_fills(fn, monkeypatch) -> tuple[int, int]:

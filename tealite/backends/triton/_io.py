@@ -31,12 +31,14 @@ def as_kernel_arg(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def load_f32(ptr, offs, mask, IS_BF16: tl.constexpr):
+def load_f32(ptr, offs, mask, IS_BF16: tl.constexpr, VOLATILE: tl.constexpr = False):
+    """``VOLATILE``: a second read of the same values (the compiler may not reuse an earlier
+    read's registers, which would keep them live in between)."""
     if IS_BF16:
-        bits = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32)
+        bits = tl.load(ptr + offs, mask=mask, other=0, volatile=VOLATILE).to(tl.int32)
         return (bits << 16).to(tl.float32, bitcast=True)
     else:
-        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        return tl.load(ptr + offs, mask=mask, other=0.0, volatile=VOLATILE).to(tl.float32)
 
 
 @triton.jit

@@ -15,26 +15,15 @@ thread of ~1000, two more barriers).  The aux-loss scores use the same kernels (
 the sigmoid normalised over all of them; their backward is the router backward with every
 expert in the map).
 
-Selection (exact, so any order of work gives the same map): the k-th largest score T of a
-row is found by one pass per distinct value (row max, how many share it, those knocked out
-to -inf), and the chosen are the scores above T plus the lowest-index ties at T (a running
-count along the row).  A group's score adds its ``topk // group_topk`` best, largest first
-into 0, as taking them one at a time does; the groups are a (groups, slot) view of the row
-(gathered into padded slots when the group size is not a power of two; with two per group,
-one (largest, second) reduction).  16-bit logits with the softmax after the top-k (TE's bf16
-regime) pack the column into the 13 low bits a widened 16-bit float leaves zero, so every
-key is distinct: the k-th largest key comes from k - 1 passes of "the largest key below the
-last one" (_next_below: an add and an unsigned minimum per entry, nothing knocked out), and
-the first pass's key is also the softmax's maximum.  Before 2026-11-27 the top-k took one
-expert per pass over boolean tiles (832 SASS instructions per pass at 16 x 256 on sm_90;
-counting passes 209, packed passes 98 until 2026-11-28, now 73; 35 at the default 8 x 256).
-H100, kernel alone at 16384 x 256 bf16 top-8 (benchmarks/router_configs.py): 5-11 % of copy
-with the old loop, 40-42 % with the knock-out passes, 57.0 % now (14.6 us).  Divisions whose
-quotient is masked out divide 1, not 0 (_FAST_PATH).  ``VARIANTS.distinct_first`` (the
-default since 2026-11-28: sigmoid with groups 25 -> 35 % of copy on an H100 with the
-_next_below passes, same bits): float scores as order-preserving integer keys, passes
-without counts, a block with a tie among a row's k largest falling back to the counting
-passes (_select_distinct).
+Selection: _router_select.py (exact, so any order of work gives the same map).
+``VARIANTS.fast_sigmoid`` (the default since 2026-11-28, second session): the sigmoid router
+on rows that fill the tile runs _sigmoid_choice_fast (the hardware division's own steps with
+one reciprocal per row, no masks, no NaN or signed-zero handling), and a block with a row it
+cannot vouch for (an input below -64 or NaN, a NaN or infinite bias, tied experts or groups)
+runs the exact path from a second read of x.  Kernel alone, sigmoid with 8 groups / 4 kept /
+bias at 16384 x 256 bf16 top-8: H100 23.8 us at b4eca1d -> 19.0 us (42 % of copy); H200 19.4
+us (33 % of its faster copy); the same bits (docs/benchmarks.md).  Divisions whose quotient
+is masked out divide 1, not 0 (_FAST_PATH).
 
 Numerics: fp32 throughout; ``tl.exp`` is numpy's in the interpreter (1 ulp) and an
 exp2-based approximation on GPUs (2 ulps): ``exp_ulps`` 1 / 2.  The weights' reductions run
@@ -57,8 +46,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tealite.backends.triton import BACKEND, DEVICES, INTERPRET
+from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
+from tealite.backends.triton._router_select import (_eligible, _kth_distinct, _select,
+                                                    _select_distinct, _select_packed,
+                                                    _top_sum, _top_two_sum)
 from tealite._checks import capturing
 from tealite.moe_types import RouterConfig, ScoreFunction, TieRule
 from tealite.router_checks import check_map_counts, checking_maps, counts_the_map
@@ -115,10 +107,14 @@ class RouterVariants:
     with groups and a bias, 8 x 256 per program: ~1900 instructions per thread instead of
     ~2700.  H100, kernel alone at 16384 x 256 (benchmarks/router_configs.py, 2026-11-28):
     sigmoid with groups 33.3 -> 27.4 us (24.9 -> 30.4 % of copy), the same bits; with the
-    _next_below passes 23.5 us (35.3 %) against 30.9 us without distinct_first."""
+    _next_below passes 23.5 us (35.3 %) against 30.9 us without distinct_first.
+    ``fast_sigmoid`` (needs ``distinct_first``): _sigmoid_choice_fast for the sigmoid router
+    where the rows fill the tile (a power-of-two expert count and group size); H200, kernel
+    alone, sigmoid with groups: 23.7 -> 20.8 us, the same bits."""
 
     map_check_in_kernel: bool = True
     distinct_first: bool = True
+    fast_sigmoid: bool = True
 
 
 VARIANTS: Scoped[RouterVariants] = Scoped("triton.router.VARIANTS", RouterVariants)
@@ -176,188 +172,126 @@ def _sigmoid(x):
     return tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))
 
 
-@triton.jit
-def _kth_largest(w, k, AXIS: tl.constexpr):
-    """Along ``AXIS``: the k-th largest entry T of ``w`` counted with multiplicity, and how
-    many entries exceed it.  ``w`` holds -inf wherever nothing may be taken (never NaN).
-
-    One pass per distinct value, largest first: its maximum, how many entries share it, and
-    those leave ``w`` (k passes always suffice).  Per pass and entry that is a max, a compare,
-    a count and a select on floats: the earlier one-expert-per-pass loop carried boolean
-    tiles and reduced twice per pass (value, then lowest index), four times the work in the
-    sm_90 SASS."""
-    T = tl.full(tl.max(w, axis=AXIS).shape, float("-inf"), tl.float32)
-    above = tl.zeros(T.shape, tl.int32)
-    seen = tl.zeros(T.shape, tl.int32)
-    for _ in range(0, k):
-        m = tl.max(w, axis=AXIS)
-        hit = w == tl.expand_dims(m, AXIS)
-        count = tl.sum(hit.to(tl.int32), axis=AXIS)
-        w = tl.where(hit, float("-inf"), w)
-        short = seen < k
-        T = tl.where(short, m, T)
-        above = tl.where(short, seen, above)
-        seen += count
-    return T, above
+# _FAST_SIGMOID: on CUDA, ``div_rn`` is MUFU.RCP, the refinement below and FCHK, a range
+# check that branches to a ~100-instruction subroutine; written out with ex2.approx.ftz (the
+# exp's denormal fix-up dropped: e < 2^-126 leaves 1 + e = 1 either way) it is 8 instead of
+# 19 instructions per sigmoid (sm_90 SASS), and the normalisation's division by the row's
+# total shares the total's refined reciprocal: 3 instructions per entry instead of 12.  The
+# steps are the hardware's own (y = rcp(b); y += y (1 - b y); q = a y; q += y (a - b q)), so
+# the quotients equal div_rn's where FCHK would pass, which x >= _SAFE_X keeps: 1 + exp(-x)
+# < 2^93, so s > 2^-93 and a - b q (about a 2^-24, a multiple of a 2^-46) is exact, not
+# subnormal.  H100, bit for bit against div_rn (devtmp check, 2026-11-28): the sigmoid of
+# every bf16 and fp16 value >= -64 and of every fp32 in [-64, 200]; s / total for 671M
+# pairs with s in [2^-93, 1], total in [s, 9] (below s = 2^-105 pairs do differ).  A block
+# with any other input (below _SAFE_X, NaN) runs the exact path instead.
+_SAFE_X = tl.constexpr(-64.0)
 
 
 @triton.jit
-def _select(r, eligible, k, AXIS: tl.constexpr):
-    """The ``k`` largest eligible ``r`` along ``AXIS``; among equal scores the lowest index
-    (``topk_ties = lowest_index``): what taking the maximum k times, lowest index first,
-    chooses.  NaN is never chosen (fewer than k when the rest are NaN)."""
-    T, above = _kth_largest(tl.where(eligible & (r == r), r, float("-inf")), k, AXIS)
-    at = tl.expand_dims(T, AXIS)
-    tie = eligible & (r == at)
-    rank = tl.cumsum(tie.to(tl.int32), axis=AXIS)  # 1 for the lowest-index tie
-    return eligible & ((r > at) | (tie & (rank <= tl.expand_dims(k - above, AXIS))))
-
-
-@triton.jit
-def _ordered(x):
-    """fp32 -> int32 with the same order (-0 and +0 one key, every NaN above +inf)."""
-    bits = x.to(tl.int32, bitcast=True)
-    return tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
-
-
-@triton.jit
-def _next_below(key, prev, AXIS: tl.constexpr):
-    """Along ``AXIS``: the largest entry of ``key`` below ``prev`` (int32; -2^31 where there is
-    none).  ``prev - 1 - key`` read as unsigned is smallest for it: entries at or above
-    ``prev`` wrap to values above every candidate's, because the keys span less than 2^32.
-    One add and a third of a three-input minimum per entry, where a knock-out of the taken
-    entries and a maximum took a compare, a select and a maximum (sm_90 SASS)."""
-    p = tl.expand_dims(prev, AXIS)
-    gap = (p - 1 - key).to(tl.uint32, bitcast=True)
-    nxt = prev - 1 - tl.min(gap, axis=AXIS).to(tl.int32, bitcast=True)
-    return tl.where(prev == -2147483648, prev, nxt)
-
-
-@triton.jit
-def _select_distinct(r, eligible, k, AXIS: tl.constexpr):
-    """``_select`` without counts or ranks where a row's ``k`` largest eligible scores are
-    distinct (random fp32 scores: almost every row): the k-th largest distinct value T, by
-    ``k - 1`` passes of _next_below over order-preserving integer keys; when exactly ``k``
-    entries are >= T (so each pass took one) the chosen are the eligible ``r >= T``, which is
-    what ``_select`` picks then (one tie at T, rank 1).  A block with any other row runs
-    ``_select`` itself.  (Before 2026-11-28 each pass knocked the maximum's entries out to
-    -inf: a maximum, a compare and a select per entry.)"""
-    ok = eligible & (r == r)
-    key = tl.where(ok, _ordered(r), -2147483648)
-    t = tl.max(key, axis=AXIS)
-    for _ in range(1, k):
-        t = _next_below(key, t, AXIS)
-    at_least = key >= tl.expand_dims(t, AXIS)  # ineligible keys (-2^31) only if t is: fallback
-    n = tl.sum(at_least.to(tl.int32), axis=AXIS)
-    chosen = ok & at_least
-    if tl.max(((n != k) | (t == -2147483648)).to(tl.int32), axis=0) != 0:
-        chosen = _select(r, eligible, k, AXIS)
-    return chosen
-
-
-@triton.jit
-def _select_packed(x, eligible, cols, k):
-    """``_select`` for scores that are 16-bit floats widened to fp32 (their low 13 bits are
-    zero; experts <= 8192): the order-preserving integer of the score with ``8191 - column``
-    in those bits is one distinct key per expert, ordered as (score, lowest index first), so
-    the k-th largest key T comes from ``k - 1`` passes of _next_below and the chosen are the
-    keys >= T, with no counts and no rank among ties (TE's regime: bf16 logits, softmax after
-    the top-k).  Also returns the largest chosen score (0 where none): the softmax's maximum,
-    read off the first pass's key instead of another reduction."""
-    ok = eligible & (x == x)
-    key = tl.where(ok, (_ordered(x) & -8192) | (8191 - cols)[None, :], -2147483648)
-    top = tl.max(key, axis=1)
-    t = top
-    for _ in range(1, k):
-        t = _next_below(key, t, 1)
-    # the first key's score: undo _ordered on the bits above the column's (a widened 16-bit
-    # float's low 13 bits are zero)
-    bits = top & -8192
-    bits = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits) & -8192
-    top_score = tl.where(top == -2147483648, 0.0, bits.to(tl.float32, bitcast=True))
-    return ok & (key >= t[:, None]), top_score
-
-
-@triton.jit
-def _top_sum(w, p, AXIS: tl.constexpr):
-    """Along ``AXIS``: the sum of the ``p`` largest entries of ``w`` (with multiplicity, -inf
-    where nothing may be taken), added largest first into 0 as taking them one at a time
-    does (the same fp32 additions in the same order)."""
-    total = tl.zeros(tl.max(w, axis=AXIS).shape, tl.float32)
-    seen = tl.zeros(total.shape, tl.int32)
-    for _ in range(0, p):
-        m = tl.max(w, axis=AXIS)
-        hit = w == tl.expand_dims(m, AXIS)
-        count = tl.sum(hit.to(tl.int32), axis=AXIS)
-        w = tl.where(hit, float("-inf"), w)
-        for j in range(0, p):  # m once per copy still needed
-            total = tl.where((j < count) & (seen + j < p), total + m, total)
-        seen += count
-    return total
-
-
-@triton.jit
-def _best_two(a1, a2, b1, b2):
-    """Combine two (largest, second largest) pairs, counting equal values twice."""
-    return tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2))
-
-
-@triton.jit
-def _top_two_sum(w, AXIS: tl.constexpr):
-    """``_top_sum(w, 2, AXIS)`` in one reduction (DeepSeek-V3's 8 groups, 4 kept, top-8):
-    the largest and the second largest (with multiplicity), added into 0 in that order."""
-    first, second = tl.reduce((w, tl.full(w.shape, float("-inf"), tl.float32)), AXIS,
-                              _best_two)
-    return (0.0 + first) + second
-
-
-@triton.jit
-def _padded_slots(w, cols, num_groups, group_size, BT: tl.constexpr, BG: tl.constexpr,
-                  BGS: tl.constexpr):
-    """The (BT, BE) scores re-laid as (BT, BG * BGS) group slots, -inf in the padding: slot
-    (g, j) holds column g * group_size + j.  One exact masked max per slot instead of
-    ``tl.gather``: Triton 3.6's sm_90 compiler aborts on this gather (OptimizeThreadLocality:
-    'GatherLoweringHelper(op).isWarpLocal()' assertion, seen on an H100), Triton 3.9
-    compiles it.  Only group sizes that are not a power of two take this path."""
-    slot = tl.arange(0, BG * BGS)
-    out = tl.full((BT, BG * BGS), float("-inf"), tl.float32)
-    for s in tl.static_range(BG * BGS):
-        g = s // BGS
-        j = s % BGS
-        col = tl.max(tl.where((cols == g * group_size + j)[None, :], w, float("-inf")), 1)
-        keep = (slot == s) & (j < group_size) & (g < num_groups)
-        out = tl.where(keep[None, :], col[:, None], out)
-    return out
-
-
-@triton.jit
-def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
-              BT: tl.constexpr, BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
-              PADDED: tl.constexpr, TOP_TWO: tl.constexpr):
-    """The experts of each row's ``group_topk`` best groups (group score: the sum of its
-    ``per_group`` best routing scores; ties to the lowest group).  The row is viewed as a
-    (BG, BGS) tile of group slots: as it is when the group size is a power of two (slots
-    past ``num_groups`` empty), else gathered into padded slots (``PADDED``)."""
-    w = tl.where(valid & (route == route), route, float("-inf"))
-    if PADDED:
-        w = _padded_slots(w, cols, num_groups, group_size, BT, BG, BGS)
-    if TOP_TWO:
-        gscore = _top_two_sum(tl.reshape(w, (BT, BG, BGS)), 2)
+def _rcp_approx(d, ASM: tl.constexpr):
+    """MUFU.RCP (ASM: compiled for CUDA); elsewhere a correctly rounded 1 / d."""
+    if ASM:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d],
+                                         dtype=tl.float32, is_pure=True, pack=1)
     else:
-        gscore = _top_sum(tl.reshape(w, (BT, BG, BGS)), per_group, 2)
-    gcols = tl.arange(0, BG)
-    gsel = _select(gscore, (gcols < num_groups)[None, :], group_topk, 1)
-    if PADDED:
-        gid = tl.minimum(cols // group_size, BG - 1)
-        sel = gsel.to(tl.int32)
-        picked = tl.zeros((BT, BE), tl.int32)
-        for gi in tl.static_range(BG):  # column gi of sel, spread over group gi's experts
-            col = tl.max(tl.where((gcols == gi)[None, :], sel, 0), 1)
-            picked = tl.where((gid == gi)[None, :], col[:, None], picked)
+        return tl.math.div_rn(tl.full(d.shape, 1.0, tl.float32), d)
+
+
+@triton.jit
+def _refined_rcp(b, ASM: tl.constexpr):
+    """div.rn's reciprocal of ``b`` after its one Newton step."""
+    y = _rcp_approx(b, ASM)
+    return tl.fma(y, tl.fma(-b, y, 1.0), y)
+
+
+@triton.jit
+def _div_refined(a, b, y, ASM: tl.constexpr):
+    """a / b as div.rn computes it from ``y = _refined_rcp(b)`` (equal to ``div_rn`` for the
+    normal operands of _FAST_SIGMOID); outside CUDA ``div_rn`` itself."""
+    if ASM:
+        q = a * y
+        return tl.fma(y, tl.fma(-b, q, a), q)
     else:
-        picked = tl.reshape(tl.broadcast_to(tl.expand_dims(gsel.to(tl.int32), 2),
-                                            (BT, BG, BGS)), (BT, BE))
-    return valid & (picked != 0)
+        return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def _sigmoid_fast(x, ASM: tl.constexpr):
+    """_sigmoid for x >= _SAFE_X (see _FAST_SIGMOID)."""
+    if ASM:
+        # tl.exp(-x) on CUDA is ex2.approx(x * -log2(e)) with this fp32 constant
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r",
+                                      [x * -1.4426950408889634], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    else:
+        e = tl.exp(-x)
+    d = 1.0 + e
+    return _div_refined(tl.full(x.shape, 1.0, tl.float32), d, _refined_rcp(d, ASM), ASM)
+
+
+@triton.jit
+def _sigmoid_route(x, bias_ptr, rows, cols, valid, HAS_BIAS: tl.constexpr,
+                   VOLATILE: tl.constexpr):
+    """(sigmoid scores, routing scores: + the expert bias), exact (div_rn)."""
+    s = _sigmoid(x)
+    route = s
+    if HAS_BIAS:
+        route = s + tl.load(bias_ptr + cols[None, :] + 0 * rows[:, None], mask=valid,
+                            other=0.0, volatile=VOLATILE)
+    return s, route
+
+
+@triton.jit
+def _normalised(s, chosen):
+    """The chosen sigmoid scores over their sum + SIGMOID_NORM_EPS (TE's 1e-20), div_rn."""
+    return tl.math.div_rn(s, (tl.sum(tl.where(chosen, s, 0.0), axis=1) + 1e-20)[:, None])
+
+
+@triton.jit
+def _sigmoid_choice_fast(x, bias, topk, group_topk, per_group, HAS_BIAS: tl.constexpr,
+                         GROUPED: tl.constexpr, NORMALISE: tl.constexpr, BT: tl.constexpr,
+                         BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
+                         TOP_TWO: tl.constexpr, ASM: tl.constexpr):
+    """The sigmoid router's (weights, chosen, unsure rows) for rows that fill the tile (experts
+    = BE, groups of BGS filling it) with the _FAST_SIGMOID arithmetic and no masks: the
+    kernel is bound by its integer and logic pipe (Nsight Compute on an H100, 2026-11-28:
+    ALU 69 %), so each compare, select and logic op per entry that the exact path needs only
+    for inputs outside _FAST_SIGMOID's range is left out, and a row with such an input is
+    flagged ``unsure`` instead (the program then runs the exact path):
+
+    * one fused check per entry, ``fma(bias, 0, x) >= _SAFE_X``: false for x below _SAFE_X,
+      for a NaN x, and for a NaN or infinite bias (so every score below is finite);
+    * the scores' order-preserving keys skip _ordered's signed-zero case: ``s + bias`` is
+      never -0 (s >= +0, and x + (-x) rounds to +0), nor is a group score;
+    * the groups (a power-of-two size, so the tile's (BG, BGS) view) are chosen on distinct
+      keys, a tie among the best ``group_topk`` flagged as for the experts."""
+    s = _sigmoid_fast(x, ASM)
+    if HAS_BIAS:
+        route = s + bias
+        outside = ~(tl.fma(bias, 0.0, x) >= _SAFE_X)
+    else:
+        route = s
+        outside = ~(x >= _SAFE_X)
+    unsure = tl.max(outside.to(tl.int32), axis=1) != 0
+    bits = route.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    if GROUPED:
+        if TOP_TWO:
+            gscore = _top_two_sum(tl.reshape(route, (BT, BG, BGS)), 2)
+        else:
+            gscore = _top_sum(tl.reshape(route, (BT, BG, BGS)), per_group, 2)
+        gbits = gscore.to(tl.int32, bitcast=True)
+        gsel, gunsure = _kth_distinct(gbits ^ ((gbits >> 31) & 0x7FFFFFFF), group_topk)
+        unsure = unsure | gunsure
+        picked = tl.reshape(tl.broadcast_to(tl.expand_dims(gsel, 2), (BT, BG, BGS)), (BT, BE))
+        key = tl.where(picked, key, -2147483648)
+    chosen, tunsure = _kth_distinct(key, topk)
+    unsure = unsure | tunsure
+    w = s
+    if NORMALISE:
+        total = tl.sum(tl.where(chosen, s, 0.0), axis=1) + 1e-20  # + SIGMOID_NORM_EPS
+        w = _div_refined(s, total[:, None], _refined_rcp(total, ASM)[:, None], ASM)
+    return w, chosen, unsure
 
 
 @triton.jit
@@ -367,46 +301,63 @@ def _router_fwd_kernel(x_ptr, bias_ptr, probs_ptr, map_ptr, tokens, experts, top
                        AUX: tl.constexpr, IS_BF16: tl.constexpr, BT: tl.constexpr,
                        BE: tl.constexpr, BG: tl.constexpr, BGS: tl.constexpr,
                        PADDED: tl.constexpr, PACKED: tl.constexpr, TOP_TWO: tl.constexpr,
-                       DISTINCT: tl.constexpr):
+                       DISTINCT: tl.constexpr, FAST: tl.constexpr, ASM: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BE)
     valid = (rows < tokens)[:, None] & (cols < experts)[None, :]
     offs = rows[:, None] * experts + cols[None, :]
     x = load_f32(x_ptr, offs, valid, IS_BF16)
-    if KIND == 2:
-        s = _sigmoid(x)
-        if AUX and NORMALISE:  # aux scores: normalised over every expert
-            s = tl.math.div_rn(s, (tl.sum(tl.where(valid, s, 0.0), axis=1) + 1e-20)[:, None])  # + SIGMOID_NORM_EPS
-        route = s
+    if FAST:  # the sigmoid router on full rows (see _sigmoid_choice_fast)
+        bias = 0.0
         if HAS_BIAS:
-            route = s + tl.load(bias_ptr + cols, mask=cols < experts, other=0.0)[None, :]
-    elif KIND == 1:
-        s = _row_softmax(x, valid)
-        route = s
+            bias = tl.load(bias_ptr + cols[None, :] + 0 * rows[:, None])
+        w, chosen, unsure = _sigmoid_choice_fast(x, bias, topk, group_topk, per_group,
+                                                 HAS_BIAS, GROUPED, NORMALISE, BT, BE, BG, BGS,
+                                                 TOP_TWO, ASM)
+        if tl.max((unsure & (rows < tokens)).to(tl.int32), axis=0) != 0:
+            # the exact path, from a second read of x (keeping x live through the fast path
+            # cost 24 registers per thread, sm_90: one program fewer per SM)
+            s, route = _sigmoid_route(load_f32(x_ptr, offs, valid, IS_BF16, True), bias_ptr,
+                                      rows, cols, valid, HAS_BIAS, True)
+            eligible = valid
+            if GROUPED:
+                eligible = _eligible(route, valid, cols, num_groups, group_topk, per_group,
+                                     group_size, BT, BE, BG, BGS, PADDED, TOP_TWO)
+            chosen = _select(route, eligible, topk, 1)
+            w = _normalised(s, chosen) if NORMALISE else s
     else:
-        s = x
-        route = x
-    eligible = valid
-    if GROUPED:
-        eligible = _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
-                             BT, BE, BG, BGS, PADDED, TOP_TWO)
-    top = tl.zeros((BT,), tl.float32)
-    if PACKED:
-        chosen, top = _select_packed(route, eligible, cols, topk)
-    elif DISTINCT:
-        chosen = _select_distinct(route, eligible, topk, 1)
-    else:
-        chosen = _select(route, eligible, topk, 1)
-    if AUX:
-        w = s
-    elif KIND == 0 and PACKED:
-        w = _row_softmax_from(tl.where(chosen, x, float("-inf")), chosen, top)
-    elif KIND == 0:
-        w = _row_softmax(x, chosen)
-    elif KIND == 2 and NORMALISE:
-        w = tl.math.div_rn(s, (tl.sum(tl.where(chosen, s, 0.0), axis=1) + 1e-20)[:, None])
-    else:
-        w = s
+        if KIND == 2:
+            s, route = _sigmoid_route(x, bias_ptr, rows, cols, valid, HAS_BIAS, False)
+            if AUX and NORMALISE:  # aux scores: normalised over every expert
+                s = _normalised(s, valid)
+                route = s
+        elif KIND == 1:
+            s = _row_softmax(x, valid)
+            route = s
+        else:
+            s = x
+            route = x
+        eligible = valid
+        if GROUPED:
+            eligible = _eligible(route, valid, cols, num_groups, group_topk, per_group,
+                                 group_size, BT, BE, BG, BGS, PADDED, TOP_TWO)
+        top = tl.zeros((BT,), tl.float32)
+        if PACKED:
+            chosen, top = _select_packed(route, eligible, cols, topk)
+        elif DISTINCT:
+            chosen = _select_distinct(route, eligible, topk)
+        else:
+            chosen = _select(route, eligible, topk, 1)
+        if AUX:
+            w = s
+        elif KIND == 0 and PACKED:
+            w = _row_softmax_from(tl.where(chosen, x, float("-inf")), chosen, top)
+        elif KIND == 0:
+            w = _row_softmax(x, chosen)
+        elif KIND == 2 and NORMALISE:
+            w = _normalised(s, chosen)
+        else:
+            w = s
     if not AUX:
         w = tl.where(chosen, w * scale, 0.0)
         store_f32(probs_ptr, offs, w, valid, IS_BF16)
@@ -466,7 +417,8 @@ def _blocks(tokens: int, experts: int, tile: Tile = Tile()) -> tuple[int, int, i
 
 @functools.lru_cache(maxsize=256)
 def _fwd_options(experts: int, config: RouterConfig, aux: bool, has_bias: bool,
-                 dtype: torch.dtype, tile: Tile, distinct: bool) -> tuple[int, dict]:
+                 dtype: torch.dtype, tile: Tile, variants: RouterVariants,
+                 cuda_asm: bool) -> tuple[int, dict]:
     """(tokens per program, the forward kernel's compile-time arguments): a pure function of
     the call's shape and options, so computed once per configuration, not per call."""
     bt, be, _ = _blocks(1, experts, tile)
@@ -474,12 +426,17 @@ def _fwd_options(experts: int, config: RouterConfig, aux: bool, has_bias: bool,
     gs = experts // ng
     slot = _pow2(gs)  # a group's slot in the tile
     kind = _kind(config)
+    packed = kind == _POST and not aux and dtype != torch.float32
+    distinct = variants.distinct_first
+    # _sigmoid_choice_fast: rows that fill the tile, groups (if any) a power-of-two size
+    fast = (variants.fast_sigmoid and kind == _SIGMOID and not aux and distinct
+            and experts == be and slot == gs)
     return bt, dict(KIND=kind, HAS_BIAS=has_bias, GROUPED=config.grouped,
                     NORMALISE=config.normalises, AUX=aux, IS_BF16=dtype == torch.bfloat16,
                     BT=bt, BE=be, BG=_pow2(ng) if slot != gs else be // slot, BGS=slot,
-                    PADDED=config.grouped and slot != gs,
-                    PACKED=kind == _POST and not aux and dtype != torch.float32,
+                    PADDED=config.grouped and slot != gs, PACKED=packed,
                     TOP_TWO=config.grouped and config.per_group == 2, DISTINCT=distinct,
+                    FAST=fast, ASM=fast and cuda_asm,
                     num_warps=tile.warps)
 
 
@@ -491,7 +448,8 @@ def _launch_fwd(logits, config: RouterConfig, expert_bias, *, aux: bool):
     if t == 0:
         return out, chosen
     bt, options = _fwd_options(e, config, aux, expert_bias is not None, x.dtype,
-                               TILES.get().fwd, VARIANTS.get().distinct_first)
+                               TILES.get().fwd, VARIANTS.get(),
+                               not INTERPRET and not PLATFORM.get().rocm)
     bias = expert_bias.float().contiguous() if expert_bias is not None else x
     ng = config.num_groups or 1
     _router_fwd_kernel[(-(-t // bt),)](
