@@ -125,6 +125,8 @@ def _fast_case(seed, hazard):
     elif hazard == "expert-tie":  # equal scores among a row's best
         x[10, 7] = x[10, 9] = 6.0
         bias[7] = bias[9] = 0.0
+    elif hazard == "negative-scores":  # not a hazard: every s + bias < 0 (the keys' sign)
+        bias -= 2.0
     elif hazard == "group-tie":  # 8 groups of 8: groups 3 and 4 tie for the 4th best
         # group scores (their two best, exact in fp32): groups 0-2 about 1.99, 3 and 4 both
         # 0.75 + 0.25 = 0.625 + 0.375 = 1, the rest below 0.1; lowest index first keeps
@@ -138,8 +140,8 @@ def _fast_case(seed, hazard):
     return x, bias
 
 
-@pytest.mark.parametrize("hazard", ["none", "below-safe-x", "nan", "-inf", "expert-tie",
-                                    "group-tie", "nan-bias", "inf-bias"])
+@pytest.mark.parametrize("hazard", ["none", "negative-scores", "below-safe-x", "nan", "-inf",
+                                    "expert-tie", "group-tie", "nan-bias", "inf-bias"])
 @pytest.mark.parametrize("groups", [None, 8], ids=["plain", "8-groups"])
 def test_fast_sigmoid_gives_the_exact_paths_bits(triton_device, hazard, groups):
     """VARIANTS.fast_sigmoid (_sigmoid_choice_fast, its unsure rows sending the block to the
