@@ -48,7 +48,7 @@ def make_bias(case, device) -> torch.Tensor | None:
     b = torch.randn(case["shape"][1], generator=g) * 0.1
     if case.get("bias_ties"):
         b = torch.round(b * 20) / 20  # repeated values: exact ties after the bias
-    return b.to(device)
+    return (b + case.get("bias_shift", 0.0)).to(device)
 
 
 # ---- router_fwd ------------------------------------------------------------------------

@@ -131,6 +131,9 @@ def router_cases(draw, dtype: str | None = None, size: str = "ci", *, aux: bool 
     case["bias"] = case["kind"] == "sigmoid" and draw(_BOOL)
     if case["bias"]:
         case["bias_ties"] = draw(_BOOL)
+        # a learned bias (aux-loss-free balancing) drifts: shifted down by 2 every s + bias
+        # is negative, where the scores' order-preserving keys must flip the sign
+        case["bias_shift"] = draw(pick(0.0, 0.0, -2.0))
     return case
 
 
