@@ -273,6 +273,8 @@ _SMOKE = (
     _smoke([13, 8], 2, "softmax", "float32"),
     _smoke([7, 16], 4, "softmax_pre", "bfloat16", groups=[4, 2], scaling_factor=1.2),
     _smoke([11, 32], 8, "sigmoid", "float16", groups=[8, 4], bias=True, bias_ties=True),
+    # every score + bias negative: the sign of the order-preserving keys (triton's fast path)
+    _smoke([19, 64], 8, "sigmoid", "bfloat16", groups=[8, 4], bias=True, bias_shift=-2.0),
     _smoke([5, 6], 1, "sigmoid", "float32"),
     _smoke([9, 8], 3, "softmax", "bfloat16", dist={"kind": "integers", "hi": 1}),
     _smoke([0, 4], 2, "softmax", "float32"),
