@@ -135,7 +135,8 @@ CONST = dict(tokens=16384, experts=256, topk=8, num_groups=8, group_topk=4, per_
              IS_BF16=True, BT=8, BE=256, BG=8, BGS=32, PADDED=False, PACKED=False,
              TOP_TWO=True, DISTINCT=True, FAST=True)
 out = {}
-for target, asm, cuda_asm in ((("cuda", 90, 32), "ptx", True), (("hip", "gfx942", 64), "amdgcn", False)):
+for target, asm, cuda_asm in ((("cuda", 90, 32), "ptx", True),
+                              (("hip", "gfx942", 64), "amdgcn", False)):
     const = dict(CONST, ASM=cuda_asm)
     sig = {a: ARGS.get(a, "constexpr") for a in R._router_fwd_kernel.arg_names}
     k = triton.compile(ASTSource(R._router_fwd_kernel, sig, const), target=GPUTarget(*target),

@@ -14,6 +14,7 @@ import torch
 import tealite
 import tealite.recipes as R
 from tealite import registry
+from tealite.backends.triton import DEVICES
 from tealite.errors import TealiteArgumentError
 from tealite.moe_types import MapType, RowIdMap
 from tealite.types import QuantizedTensor
@@ -55,7 +56,6 @@ def _quantized(rows: int, hidden: int = 128, device="cpu") -> QuantizedTensor:
 
 @pytest.mark.parametrize("backend", ["torch", TRITON])
 def test_tokens_without_a_row_get_a_zero_row(backend):
-    from tealite.backends.triton import DEVICES
     device = DEVICES[0] if backend == "triton" else "cpu"  # compiled kernels take GPU tensors
     rows = torch.tensor([[-1, 1], [0, -1], [-1, -1]], dtype=torch.int32, device=device)
     q = _quantized(2, device=device)  # a mask map, top-1

@@ -31,6 +31,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _knock_out_max(w, AXIS: tl.constexpr):
+    """One counting pass along ``AXIS``: (the maximum, how many entries share it, ``w`` with
+    those knocked out to -inf)."""
+    m = tl.max(w, axis=AXIS)
+    hit = w == tl.expand_dims(m, AXIS)
+    return m, tl.sum(hit.to(tl.int32), axis=AXIS), tl.where(hit, float("-inf"), w)
+
+
+@triton.jit
 def _kth_largest(w, k, AXIS: tl.constexpr):
     """Along ``AXIS``: the k-th largest entry T of ``w`` counted with multiplicity, and how
     many entries exceed it.  ``w`` holds -inf wherever nothing may be taken (never NaN).
@@ -44,10 +53,7 @@ def _kth_largest(w, k, AXIS: tl.constexpr):
     above = tl.zeros(T.shape, tl.int32)
     seen = tl.zeros(T.shape, tl.int32)
     for _ in range(0, k):
-        m = tl.max(w, axis=AXIS)
-        hit = w == tl.expand_dims(m, AXIS)
-        count = tl.sum(hit.to(tl.int32), axis=AXIS)
-        w = tl.where(hit, float("-inf"), w)
+        m, count, w = _knock_out_max(w, AXIS)
         short = seen < k
         T = tl.where(short, m, T)
         above = tl.where(short, seen, above)
@@ -68,10 +74,17 @@ def _select(r, eligible, k, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _ordered_signed(x):
+    """fp32 -> int32 with the same order, -0 below +0 (scores that are never -0 skip
+    _ordered's compare and select); every NaN above +inf."""
+    bits = x.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def _ordered(x):
     """fp32 -> int32 with the same order (-0 and +0 one key, every NaN above +inf)."""
-    bits = x.to(tl.int32, bitcast=True)
-    return tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+    return tl.where(x == 0.0, 0, _ordered_signed(x))
 
 
 @triton.jit
@@ -94,22 +107,6 @@ def _next_below(key, prev, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _select_keyed(r, eligible, idx, k, AXIS: tl.constexpr):
-    """``_select`` for a few entries per row (the group scores): 64-bit keys, the score's
-    order-preserving integer above ``8191 - idx``, are distinct and ordered as (score, lowest
-    index first), so the k largest keys, from ``k - 1`` passes of _next_below, are what
-    ``_select`` chooses, with no counts, no ranks among ties (a cumulative sum that took
-    shared-memory round trips and four barriers, sm_90) and no fallback."""
-    ok = eligible & (r == r)
-    key = tl.where(ok, (_ordered(r).to(tl.int64) << 13) | (8191 - idx),
-                   -9223372036854775808)
-    t = tl.max(key, axis=AXIS)
-    for _ in range(1, k):
-        t = _next_below(key, t, AXIS)
-    return ok & (key >= tl.expand_dims(t, AXIS))
-
-
-@triton.jit
 def _kth_distinct(key, k):
     """Along axis 1 of the int32 ``key``: (chosen, unsure) where chosen are the entries >= the
     k-th largest distinct key T (``k - 1`` passes of _next_below) and ``unsure`` marks the rows
@@ -119,6 +116,19 @@ def _kth_distinct(key, k):
         t = _next_below(key, t, 1)
     chosen = key >= t[:, None]
     return chosen, tl.sum(chosen.to(tl.int32), axis=1) != k
+
+
+@triton.jit
+def _select_keyed(r, eligible, idx, k):
+    """``_select`` (along axis 1) for a few entries per row (the group scores): 64-bit keys,
+    the score's order-preserving integer above ``8191 - idx``, are distinct and ordered as
+    (score, lowest index first), so the keys _kth_distinct takes are what ``_select``
+    chooses, never unsure, with no counts, no ranks among ties (a cumulative sum that took
+    shared-memory round trips and four barriers, sm_90) and no fallback."""
+    ok = eligible & (r == r)
+    chosen, _ = _kth_distinct(tl.where(ok, (_ordered(r).to(tl.int64) << 13) | (8191 - idx),
+                                       -9223372036854775808), k)
+    return ok & chosen
 
 
 @triton.jit
@@ -176,10 +186,7 @@ def _top_sum(w, p, AXIS: tl.constexpr):
     total = tl.zeros(tl.max(w, axis=AXIS).shape, tl.float32)
     seen = tl.zeros(total.shape, tl.int32)
     for _ in range(0, p):
-        m = tl.max(w, axis=AXIS)
-        hit = w == tl.expand_dims(m, AXIS)
-        count = tl.sum(hit.to(tl.int32), axis=AXIS)
-        w = tl.where(hit, float("-inf"), w)
+        m, count, w = _knock_out_max(w, AXIS)
         for j in range(0, p):  # m once per copy still needed
             total = tl.where((j < count) & (seen + j < p), total + m, total)
         seen += count
@@ -236,7 +243,7 @@ def _eligible(route, valid, cols, num_groups, group_topk, per_group, group_size,
     else:
         gscore = _top_sum(tl.reshape(w, (BT, BG, BGS)), per_group, 2)
     gcols = tl.arange(0, BG)
-    gsel = _select_keyed(gscore, (gcols < num_groups)[None, :], gcols[None, :], group_topk, 1)
+    gsel = _select_keyed(gscore, (gcols < num_groups)[None, :], gcols[None, :], group_topk)
     if PADDED:
         gid = tl.minimum(cols // group_size, BG - 1)
         sel = gsel.to(tl.int32)

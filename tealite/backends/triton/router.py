@@ -48,7 +48,8 @@ import triton.language as tl
 
 from tealite.backends.triton import BACKEND, DEVICES, INTERPRET, PLATFORM
 from tealite.backends.triton._io import as_kernel_arg, load_f32, store_f32
-from tealite.backends.triton._router_select import (_eligible, _kth_distinct, _select,
+from tealite.backends.triton._router_select import (_eligible, _kth_distinct,
+                                                    _ordered_signed, _select,
                                                     _select_distinct, _select_packed,
                                                     _top_sum, _top_two_sum)
 from tealite._checks import capturing
@@ -261,8 +262,8 @@ def _sigmoid_choice_fast(x, bias, topk, group_topk, per_group, HAS_BIAS: tl.cons
 
     * one fused check per entry, ``fma(bias, 0, x) >= _SAFE_X``: false for x below _SAFE_X,
       for a NaN x, and for a NaN or infinite bias (so every score below is finite);
-    * the scores' order-preserving keys skip _ordered's signed-zero case: ``s + bias`` is
-      never -0 (s >= +0, and x + (-x) rounds to +0), nor is a group score;
+    * the scores' order-preserving keys skip the signed-zero case (_ordered_signed):
+      ``s + bias`` is never -0 (s >= +0, and x + (-x) rounds to +0), nor is a group score;
     * the groups (a power-of-two size, so the tile's (BG, BGS) view) are chosen on distinct
       keys, a tie among the best ``group_topk`` flagged as for the experts."""
     s = _sigmoid_fast(x, ASM)
@@ -273,15 +274,13 @@ def _sigmoid_choice_fast(x, bias, topk, group_topk, per_group, HAS_BIAS: tl.cons
         route = s
         outside = ~(x >= _SAFE_X)
     unsure = tl.max(outside.to(tl.int32), axis=1) != 0
-    bits = route.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = _ordered_signed(route)
     if GROUPED:
         if TOP_TWO:
             gscore = _top_two_sum(tl.reshape(route, (BT, BG, BGS)), 2)
         else:
             gscore = _top_sum(tl.reshape(route, (BT, BG, BGS)), per_group, 2)
-        gbits = gscore.to(tl.int32, bitcast=True)
-        gsel, gunsure = _kth_distinct(gbits ^ ((gbits >> 31) & 0x7FFFFFFF), group_topk)
+        gsel, gunsure = _kth_distinct(_ordered_signed(gscore), group_topk)
         unsure = unsure | gunsure
         picked = tl.reshape(tl.broadcast_to(tl.expand_dims(gsel, 2), (BT, BG, BGS)), (BT, BE))
         key = tl.where(picked, key, -2147483648)
